@@ -1,0 +1,73 @@
+"""Converters: one module per output format, all behind one small interface.
+
+The registry maps a converter name (the ``converter`` field of a target profile) to the
+module that implements it; the module is imported only when that target is used, so
+listing targets or boards never imports torch, onnxruntime, coremltools or hls4ml.
+A module exposes ``CONVERTER``, an object with ``convert(job) -> Artifact`` and
+``host_runner(job, artifact) -> Runner`` (the real host runtime used by verify).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from edgekit.errors import ProfileError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import numpy as np
+
+    from edgekit.data import Dataset
+    from edgekit.ingest import Model
+    from edgekit.profiles import Board, Target
+
+# name -> module path (lazily imported)
+REGISTRY: dict[str, str] = {
+    "tensorrt": "edgekit.converters.tensorrt",
+}
+
+
+@dataclass
+class ConvertJob:
+    model: Model
+    target: Target
+    board: Board
+    precision: str
+    calib: Dataset | None  # None only for fp32/fp16
+    out_dir: Path  # the (temporary) output folder: write the artifact here
+    work_dir: Path  # scratch space, deleted after the run
+    options: dict[str, Any] = field(default_factory=dict)
+    log: Callable[[str], None] = print
+    warn: Callable[[str], None] = print
+
+
+@dataclass
+class Artifact:
+    format: str
+    precision: str
+    primary: str  # file name (relative to out_dir) of the model artifact
+    files: list[str]  # every file the converter wrote, relative to out_dir
+    runtime: str  # host runtime used to verify, with version
+    meta: dict[str, Any] = field(default_factory=dict)  # goes into the manifest
+    notes: list[str] = field(default_factory=list)  # shown in the report
+
+
+Runner = Callable[[dict[str, "np.ndarray"]], list["np.ndarray"]]
+
+
+class Converter(Protocol):
+    name: str
+
+    def convert(self, job: ConvertJob) -> Artifact: ...
+
+    def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner: ...
+
+
+def get_converter(name: str) -> Converter:
+    if name not in REGISTRY:
+        raise ProfileError(f"unknown converter {name!r}; registered: {', '.join(sorted(REGISTRY))}")
+    module = importlib.import_module(REGISTRY[name])
+    return module.CONVERTER

@@ -1,0 +1,47 @@
+"""User errors, kept apart from bugs.
+
+Every mistake a user can make (a bad path, a wrong shape, an unknown board, a missing
+toolchain) raises an :class:`EdgekitError` subclass whose message says what was wrong
+and what to do. The CLI prints that message on one line and exits with code 2; any
+other exception is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class EdgekitError(Exception):
+    """A user-facing error: the message names the problem and the fix."""
+
+    exit_code = 2
+
+
+class ModelLoadError(EdgekitError):
+    """The model file is missing, truncated, or not a model edgekit can read."""
+
+
+class InputSpecError(EdgekitError):
+    """An input shape, dtype or data set that does not fit the model."""
+
+
+class ProfileError(EdgekitError):
+    """An unknown or invalid board/target profile, or a bad --set override."""
+
+
+class UnsupportedOpError(EdgekitError):
+    """The model holds an op the target cannot run."""
+
+
+class MissingToolchainError(EdgekitError):
+    """An optional toolchain is not installed; the message names the extra."""
+
+
+class ConversionError(EdgekitError):
+    """The toolchain refused the model; the message carries its reason."""
+
+
+class VerificationError(EdgekitError):
+    """The converted artifact does not match the float model within tolerance."""
+
+
+class OutputError(EdgekitError):
+    """The output path cannot be written (exists and is not an edgekit output, ...)."""

@@ -1,0 +1,302 @@
+"""The convert pipeline as one API call: ingest -> analyze -> convert -> verify -> bundle.
+
+Stages run in a declared order, each timed; the output folder is built as a temporary
+sibling and renamed into place, so a failed or killed run leaves nothing half-written.
+A build whose host verification fails is still written (so its report can be read) but
+is marked failed in the manifest, and the call raises VerificationError afterwards:
+`edgekit bundle` refuses such a build.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit import __version__
+from edgekit.analyze import ModelStats, analyze_onnx
+from edgekit.data import Dataset, load_npz, random_dataset
+from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError, VerificationError
+from edgekit.fsutil import atomic_dir, sha256_file
+from edgekit.ingest import Model, load_model
+from edgekit.profiles import Board, Target, data_dir, default_board, load_board, load_target
+from edgekit.verify import Verification, verify
+
+STAGES = ("ingest", "analyze", "convert", "verify", "bundle")
+GOLDEN_FILE = "golden.npz"
+
+
+@dataclass
+class ConvertResult:
+    out_dir: Path
+    manifest: dict[str, Any]
+    verification: Verification
+    stats: ModelStats
+    timings_s: dict[str, float]
+    warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class _Clock:
+    def __init__(self, on_stage: Callable[[str, str], None]) -> None:
+        self.times: dict[str, float] = {}
+        self.on_stage = on_stage
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        assert name in STAGES and list(self.times) == list(STAGES[: STAGES.index(name)]), name
+        self.on_stage(name, "start")
+        t0 = time.perf_counter()
+        yield
+        self.times[name] = time.perf_counter() - t0
+        self.on_stage(name, f"{self.times[name]:.2f} s")
+
+
+def check_precision(precision: str, target: Target, board: Board) -> None:
+    if precision not in target.precisions:
+        raise ProfileError(
+            f"precision {precision!r} is not offered by target {target.name!r}; choose one of {target.precisions}"
+        )
+    if precision not in board.precisions:
+        raise ProfileError(
+            f"board {board.id} has no {precision} compute path (its profile lists {board.precisions}); "
+            f"choose --precision {board.precisions[-1] if board.precisions else 'fp32'}"
+        )
+
+
+def _float_onnx_for_analysis(model: Model, work: Path, opset: int) -> Path:
+    from edgekit.onnx_graph import export_onnx
+
+    if not model.is_torch:
+        return Path(model.onnx_path)
+    path = work / "analysis.onnx"
+    export_onnx(model, path, opset)
+    return path
+
+
+def convert(
+    model: str | Path,
+    target: str = "jetson",
+    out: str | Path = "build",
+    board: str | None = None,
+    precision: str | None = None,
+    calib: str | None = None,
+    eval_data: str | None = None,
+    input_shape: list[str] | None = None,
+    trust_pickle: bool = False,
+    board_set: list[str] | None = None,
+    opset: int | None = None,
+    golden_count: int = 16,
+    options: dict[str, Any] | None = None,
+    log: Callable[[str], None] = lambda m: None,
+    warn: Callable[[str], None] = lambda m: None,
+    on_stage: Callable[[str, str], None] = lambda s, m: None,
+) -> ConvertResult:
+    """Convert ``model`` for ``target`` on ``board`` into the folder ``out``."""
+    from edgekit.converters import ConvertJob, get_converter
+
+    tgt = load_target(target)
+    brd = load_board(board, board_set) if board else default_board(target)
+    if board_set and not board:
+        brd = load_board(brd.id, board_set)
+    if target not in brd.targets:
+        raise ProfileError(f"board {brd.id} does not take target {target!r} (its targets: {brd.targets})")
+    precision = precision or tgt.default_precision
+    check_precision(precision, tgt, brd)
+    warnings: list[str] = []
+
+    def _warn(msg: str) -> None:
+        warnings.append(msg)
+        warn(msg)
+
+    clock = _Clock(on_stage)
+    with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
+        work = Path(tmp)
+        with clock.stage("ingest"):
+            m = load_model(model, input_shape, trust_pickle)
+            calib_ds: Dataset | None = None
+            if calib == "random":
+                calib_ds = random_dataset(m)
+                if precision == "int8":
+                    _warn("--calib random: INT8 ranges come from random inputs; accuracy on real data is unknown")
+            elif calib:
+                calib_ds = load_npz(calib, m, what="--calib")
+            elif precision == "int8":
+                raise InputSpecError(
+                    "INT8 needs calibration data: give --calib FILE.npz (a few hundred real inputs), "
+                    "or --calib random to accept unknown accuracy"
+                )
+            eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval") if eval_data else None
+        with clock.stage("analyze"):
+            src_onnx = _float_onnx_for_analysis(m, work, opset or tgt.opset or 18)
+            stats = analyze_onnx(src_onnx, tgt.supported_ops, tgt.name)
+            if stats.unsupported:
+                listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
+                raise UnsupportedOpError(
+                    f"target {tgt.name} cannot run {len(stats.unsupported)} op(s): {listed}; "
+                    "replace them in the model or choose another target"
+                )
+        golden_ds = eval_ds or calib_ds or random_dataset(m, n=golden_count)
+        with atomic_dir(Path(out)) as out_tmp:
+            job = ConvertJob(
+                model=m, target=tgt, board=brd, precision=precision,
+                calib=calib_ds if precision == "int8" else calib_ds,
+                out_dir=out_tmp, work_dir=work,
+                options={"opset": opset, **(options or {})}, log=log, warn=_warn,
+            )
+            conv = get_converter(tgt.converter)
+            with clock.stage("convert"):
+                artifact = conv.convert(job)
+            with clock.stage("verify"):
+                runner = conv.host_runner(job, artifact)
+                tol = tgt.tolerances[precision]
+                verification, golden_in, golden_out = verify(
+                    m, m.reference(), runner, golden_ds, golden_count, tol, artifact.runtime, precision, eval_ds
+                )
+            with clock.stage("bundle"):
+                manifest = _write_bundle(
+                    out_tmp, m, tgt, brd, precision, artifact, verification, golden_in, golden_out,
+                    calib_ds, stats, conv, warnings, clock.times,
+                )
+        result = ConvertResult(Path(out).resolve(), manifest, verification, stats, clock.times, warnings, artifact.notes)
+    if not verification.passed:
+        raise VerificationError(
+            "host verification failed: " + "; ".join(verification.failures)
+            + f" (build kept for inspection in {result.out_dir}, marked failed)"
+        )
+    return result
+
+
+def _write_bundle(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact, verification: Verification,
+                  golden_in: dict[str, np.ndarray], golden_out: list[np.ndarray], calib_ds: Dataset | None,
+                  stats: ModelStats, conv, warnings: list[str], times: dict[str, float]) -> dict[str, Any]:
+    arrays: dict[str, np.ndarray] = {}
+    g_inputs, g_outputs = [], []
+    for i, spec in enumerate(m.inputs):
+        arrays[f"input_{i}"] = golden_in[spec.name]
+        g_inputs.append({"name": spec.name, "key": f"input_{i}", "shape": list(spec.shape), "dtype": spec.dtype})
+    for i, (spec, arr) in enumerate(zip(m.outputs, golden_out, strict=True)):
+        arrays[f"output_{i}"] = arr
+        g_outputs.append({"name": spec.name, "key": f"output_{i}", "shape": list(arr.shape[1:]), "dtype": str(arr.dtype)})
+    np.savez(out / GOLDEN_FILE, **arrays)
+
+    runner_src = data_dir("firmware") / tgt.runner
+    if not runner_src.is_dir():
+        raise ProfileError(f"target {tgt.name}: runner folder firmware/{tgt.runner} is missing from the install")
+    runner_files = []
+    for p in sorted(runner_src.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            rel = p.relative_to(runner_src)
+            (out / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, out / rel)
+            runner_files.append(rel.as_posix())
+
+    tol = tgt.tolerances[precision]
+    budgets = brd.budgets
+    manifest: dict[str, Any] = {
+        "schema": 1,
+        "name": f"{Path(m.source).stem if ':' not in m.source else m.source.split(':')[-1]}-{tgt.name}-{precision}",
+        "edgekit_version": __version__,
+        "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": {"platform": platform.platform(), "python": platform.python_version()},
+        "target": tgt.name,
+        "format": artifact.format,
+        "precision": precision,
+        "board": {"id": brd.id, "description": brd.description, "default_power_mode": brd.default_power_mode,
+                  "profile": brd.model_dump(mode="json")},
+        "source_model": {"path": m.source, "kind": m.kind, "sha256": m.sha256},
+        "inputs": [s.to_json() for s in m.inputs],
+        "outputs": [s.to_json() for s in m.outputs],
+        "calibration": None if calib_ds is None else {
+            "source": calib_ds.source, "random": calib_ds.random, "samples": len(calib_ds),
+            "sha256": None if calib_ds.random else sha256_file(Path(calib_ds.source)),
+            "used_for": "int8 ranges" if precision == "int8" else "golden inputs only",
+        },
+        "artifact": {"primary": artifact.primary, "format": artifact.format, **artifact.meta},
+        "toolchain": {"edgekit": __version__, **(conv.versions() if hasattr(conv, "versions") else {})},
+        "budgets": {"latency_ms": budgets.latency_ms, "power_w": budgets.power_w,
+                    "ram_mb": round(budgets.model_ram_share * brd.ram_mb, 1),
+                    "storage_mb": budgets.storage_mb, "energy_mj": budgets.energy_mj},
+        "golden": {"file": GOLDEN_FILE, "samples": int(next(iter(golden_in.values())).shape[0]),
+                   "source": verification.golden_source, "inputs": g_inputs, "outputs": g_outputs},
+        "tolerance": tol.model_dump(),
+        "analysis": {k: v for k, v in stats.to_json().items() if k != "layers"},
+        "verification": verification.to_json(),
+        "runner": {"entry": "run.py", "files": runner_files},
+        "timings_s": {k: round(v, 3) for k, v in times.items()},
+        "warnings": warnings,
+        "notes": artifact.notes + verification.notes,
+    }
+    (out / "report.md").write_text(render_report(manifest, stats))
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    manifest["files"] = {
+        p.relative_to(out).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files
+    }
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.3f} MB"
+
+
+def render_report(man: dict[str, Any], stats: ModelStats) -> str:
+    v = man["verification"]
+    lines = [
+        f"# edgekit conversion report: {man['name']}",
+        "",
+        f"- source: `{man['source_model']['path']}` ({man['source_model']['kind']}, sha256 {man['source_model']['sha256'][:12]}…)",
+        f"- target: **{man['target']}** ({man['format']}), precision **{man['precision']}**",
+        f"- board: **{man['board']['id']}** — {man['board']['description']}",
+        f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`",
+        "",
+        "## Host verification (artifact vs float model)",
+        "",
+        "| output | max abs error | max rel error | tolerance | top-1 agreement | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in v["outputs"]:
+        agree = "—" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%} (≥ {o['min_top1_agreement']:.0%})"
+        lines.append(
+            f"| {o['name']} | {o['max_abs_error']:.4g} | {o['max_rel_error']:.3%} | {o['tolerance_rel']:.2%} | {agree} | {'pass' if o['passed'] else 'FAIL'} |"
+        )
+    if v["float_accuracy"] is not None:
+        drop = 100 * (v["float_accuracy"] - v["converted_accuracy"])
+        lines += ["", f"Accuracy on {v['eval_samples']} eval samples: float **{v['float_accuracy']:.2%}**, "
+                  f"{man['precision']} **{v['converted_accuracy']:.2%}** (drop {drop:.2f} points, "
+                  f"tolerance {v['max_accuracy_drop_points']})."]
+    if v["failures"]:
+        lines += ["", "### Failures", ""] + [f"- {f}" for f in v["failures"]]
+    a = man["analysis"]
+    lines += [
+        "",
+        "## Model",
+        "",
+        f"- parameters: {a['params']:,} ({a['weight_params']:,} in conv/linear weights), MACs: {a['macs']:,}",
+        "- weight bytes: " + ", ".join(f"{k} {_mb(b)}" for k, b in a["weight_bytes"].items()),
+        f"- peak live activations: {_mb(a['peak_activation_bytes'])} (sum of all activations {_mb(a['total_activation_bytes'])})",
+        f"- artifact: `{man['artifact']['primary']}` {_mb(man['files'][man['artifact']['primary']]['bytes']) if 'files' in man else ''}",
+        "",
+        "## Board budgets",
+        "",
+        f"- latency {man['budgets']['latency_ms']} ms, power {man['budgets']['power_w']} W, model RAM {man['budgets']['ram_mb']} MB",
+        "- these are checked on the board by `python3 run.py` (smoke test); the host cannot measure them.",
+    ]
+    eng = man["artifact"].get("engine")
+    if eng is not None and not eng.get("built"):
+        lines += ["", "## TensorRT engine", "", f"Not built on this host: {eng['reason']}. On the board: `./build_engine.sh` "
+                  "(trtexec from JetPack), then `python3 run.py`."]
+    if man["warnings"] or man["notes"]:
+        lines += ["", "## Warnings and notes", ""] + [f"- {w}" for w in man["warnings"] + man["notes"]]
+    lines += ["", "## Stage times", "", ", ".join(f"{k} {t:.2f} s" for k, t in man["timings_s"].items()), ""]
+    return "\n".join(lines)

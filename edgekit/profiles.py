@@ -1,0 +1,271 @@
+"""Board and target profiles: TOML files validated by pydantic (``extra="forbid"``).
+
+``boards/<vendor>/<board>.toml`` describe one board (memory, storage, compute per
+precision and power mode, power, default budgets); ``targets/<name>.toml`` describe one
+output format (converter, precisions, supported ops, tolerances, runner). Units live in
+field names. Values are checked, not only types: a Jetson whose INT8 throughput is
+below its FP16 throughput, or whose budget exceeds its top power mode, does not load.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from edgekit.errors import ProfileError
+
+Precision = Literal["fp32", "fp16", "int8", "int8-weight", "int4-weight"]
+PRECISION_ORDER: tuple[str, ...] = ("fp32", "fp16", "int8-weight", "int8", "int4-weight")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+class PowerMode(_Strict):
+    power_w: float = Field(gt=0, description="module power in this mode (W)")
+    peak_tops: dict[Precision, float] = Field(
+        description="dense peak throughput per precision, tera-ops/s (1 MAC = 2 ops); "
+        "a precision absent here is not offered on the board"
+    )
+    gpu_clock_mhz: float | None = Field(default=None, gt=0)
+
+    @field_validator("peak_tops")
+    @classmethod
+    def _positive(cls, v: dict[str, float]) -> dict[str, float]:
+        if not v:
+            raise ValueError("peak_tops needs at least one precision")
+        for k, x in v.items():
+            if x <= 0:
+                raise ValueError(f"peak_tops.{k} must be > 0 (got {x})")
+        return v
+
+
+class Budgets(_Strict):
+    model_ram_share: float = Field(gt=0, le=1, description="share of board RAM the model may use")
+    latency_ms: float = Field(gt=0)
+    power_w: float = Field(gt=0)
+    storage_mb: float | None = Field(default=None, gt=0)
+    energy_mj: float | None = Field(default=None, gt=0)
+    accuracy_drop_points: float = Field(default=1.0, ge=0, le=100)
+
+
+class Board(_Strict):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
+    vendor: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
+    description: str
+    targets: list[str] = Field(min_length=1)
+    ram_mb: int = Field(gt=0)
+    storage_mb: int = Field(gt=0)
+    memory_bandwidth_gbps: float = Field(gt=0)
+    runtime_overhead_mb: float = Field(ge=0, description="RAM taken by the runtime before the model loads")
+    default_power_mode: str
+    power_modes: dict[str, PowerMode] = Field(min_length=1)
+    budgets: Budgets
+    efficiency: dict[Precision, float] = Field(
+        default_factory=dict,
+        description="share of peak throughput reached in practice (cost model); recalibrated from measurements",
+    )
+    launch_overhead_us: float = Field(default=0, ge=0, description="per-layer launch overhead (cost model)")
+    notes: list[str] = Field(default_factory=list)
+
+    @property
+    def id(self) -> str:
+        return f"{self.vendor}/{self.name}"
+
+    @property
+    def precisions(self) -> list[str]:
+        found: set[str] = set()
+        for mode in self.power_modes.values():
+            found.update(mode.peak_tops)
+        return [p for p in PRECISION_ORDER if p in found]
+
+    @field_validator("efficiency")
+    @classmethod
+    def _eff(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not 0 < x <= 1:
+                raise ValueError(f"efficiency.{k} must be in (0, 1] (got {x})")
+        return v
+
+    @model_validator(mode="after")
+    def _check_values(self) -> Board:
+        if self.default_power_mode not in self.power_modes:
+            raise ValueError(
+                f"default_power_mode {self.default_power_mode!r} is not one of {sorted(self.power_modes)}"
+            )
+        top = max(m.power_w for m in self.power_modes.values())
+        if self.budgets.power_w > top * 1.0001:
+            raise ValueError(f"budgets.power_w {self.budgets.power_w} exceeds the top power mode ({top} W)")
+        if self.runtime_overhead_mb >= self.ram_mb:
+            raise ValueError("runtime_overhead_mb must be below ram_mb")
+        keys = {frozenset(m.peak_tops) for m in self.power_modes.values()}
+        if len(keys) > 1:
+            raise ValueError("every power mode must list the same precisions in peak_tops")
+        for name, m in self.power_modes.items():
+            t = m.peak_tops
+            # lower precision never has less peak throughput on the same silicon
+            if "fp16" in t and "fp32" in t and t["fp16"] < t["fp32"]:
+                raise ValueError(f"power_modes.{name}: fp16 peak below fp32 peak")
+            if "int8" in t and "fp16" in t and t["int8"] < t["fp16"]:
+                raise ValueError(f"power_modes.{name}: int8 peak below fp16 peak")
+        return self
+
+
+class Tolerance(_Strict):
+    max_rel_error: float = Field(gt=0, description="max |converted - float| / max |float| over the golden set")
+    min_top1_agreement: float = Field(ge=0, le=1, description="for classifier outputs (2-D, >1 class)")
+    max_accuracy_drop_points: float = Field(ge=0, le=100, description="with --eval: float minus converted accuracy")
+
+
+class Target(_Strict):
+    name: str
+    description: str
+    format: str
+    converter: str
+    extra: str = Field(description="pip extra that installs this target's toolchain")
+    precisions: list[Precision] = Field(min_length=1)
+    default_precision: Precision
+    host_runtime: str
+    runner: str = Field(description="folder under firmware/ copied into the bundle")
+    flash_transport: list[str] = Field(default_factory=list)
+    default_board: str | None = None
+    opset: int | None = Field(default=None, ge=13)
+    supported_ops: list[str] | None = Field(default=None, description="op types the target runs; None = not checked")
+    tolerances: dict[Precision, Tolerance]
+
+    @model_validator(mode="after")
+    def _check(self) -> Target:
+        if self.default_precision not in self.precisions:
+            raise ValueError(f"default_precision {self.default_precision!r} not in precisions")
+        missing = [p for p in self.precisions if p not in self.tolerances]
+        if missing:
+            raise ValueError(f"tolerances missing for {missing}")
+        return self
+
+
+# ---------------------------------------------------------------- locating data
+
+
+def data_dir(kind: Literal["boards", "targets", "firmware"]) -> Path:
+    """Folder of shipped profiles / firmware (package data, also in editable installs)."""
+    return Path(str(resources.files(f"edgekit.{kind}")))
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        return tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: not valid TOML ({exc}); fix the file") from None
+
+
+def _fmt_validation(path: Path | str, exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err["loc"]) or "(file)"
+        parts.append(f"{loc}: {err['msg']}")
+    return f"{path}: invalid profile: " + "; ".join(parts)
+
+
+def board_files() -> dict[str, Path]:
+    root = data_dir("boards")
+    return {f"{p.parent.name}/{p.stem}": p for p in sorted(root.glob("*/*.toml"))}
+
+
+def target_files() -> dict[str, Path]:
+    return {p.stem: p for p in sorted(data_dir("targets").glob("*.toml"))}
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """``key=value`` strings to a dict; values are parsed as TOML (``8``, ``1.5``, ``"x"``, ``[..]``)."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ProfileError(f"--set {item!r}: expected key=value, e.g. --set ram_mb=4096")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()  # bare string
+        out[key.strip()] = value
+    return out
+
+
+def _apply(data: dict[str, Any], overrides: dict[str, Any], what: str) -> dict[str, Any]:
+    for dotted, value in overrides.items():
+        node = data
+        keys = dotted.split(".")
+        for k in keys[:-1]:
+            nxt = node.get(k)
+            if not isinstance(nxt, dict):
+                raise ProfileError(f"--set {dotted}: {what} has no table {k!r}")
+            node = nxt
+        node[keys[-1]] = value
+    return data
+
+
+def resolve_board_name(name: str) -> str:
+    files = board_files()
+    if name in files:
+        return name
+    matches = [k for k in files if k.split("/", 1)[1] == name]
+    if len(matches) == 1:
+        return matches[0]
+    raise ProfileError(f"unknown board {name!r}; known boards: {', '.join(files)} (see `edgekit boards`)")
+
+
+def load_board(name: str, overrides: list[str] | dict[str, Any] | None = None) -> Board:
+    key = resolve_board_name(name)
+    path = board_files()[key]
+    data = _read_toml(path)
+    ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    data = _apply(data, ov, f"board {key}")
+    try:
+        board = Board.model_validate(data)
+    except ValidationError as exc:
+        raise ProfileError(_fmt_validation(path if not ov else f"{path} with --set {ov}", exc)) from None
+    if board.id != key:
+        raise ProfileError(f"{path}: vendor/name say {board.id!r} but the file is {key!r}")
+    return board
+
+
+def load_target(name: str) -> Target:
+    files = target_files()
+    if name not in files:
+        raise ProfileError(f"unknown target {name!r}; known targets: {', '.join(files)}")
+    path = files[name]
+    try:
+        target = Target.model_validate(_read_toml(path))
+    except ValidationError as exc:
+        raise ProfileError(_fmt_validation(path, exc)) from None
+    if target.name != name:
+        raise ProfileError(f"{path}: name says {target.name!r} but the file is {name!r}")
+    return target
+
+
+@cache
+def _all_boards() -> tuple[Board, ...]:
+    return tuple(load_board(k) for k in board_files())
+
+
+def list_boards(target: str | None = None) -> list[Board]:
+    return [b for b in _all_boards() if target is None or target in b.targets]
+
+
+def list_targets() -> list[Target]:
+    return [load_target(k) for k in target_files()]
+
+
+def default_board(target: str) -> Board:
+    named = load_target(target).default_board
+    if named:
+        return load_board(named)
+    boards = list_boards(target)
+    if not boards:
+        raise ProfileError(f"no shipped board supports target {target!r}; give one with --board")
+    return boards[0]
