@@ -230,6 +230,11 @@ def version() -> None:
     print(__version__)
 
 
+# Commands defined in other modules register themselves on `app` when imported here.
+# Keep those modules light at import time (no torch/onnx/etc. at module level).
+# (one import line per module, e.g. `from edgekit import cli_flash  # noqa: E402,F401`)
+
+
 def main() -> None:
     try:
         app()  # click's standalone mode handles usage errors (exit 2) and Ctrl-C
