@@ -1,0 +1,67 @@
+"""The CLI: fast help without heavy imports, one-line errors with exit code 2."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ("torch", "onnx", "onnxruntime", "tensorflow", "coremltools", "hls4ml", "onnxslim", "ai_edge_litert")
+
+
+def _run(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def test_help_and_boards_import_no_framework():
+    code = (
+        "import sys\n"
+        "from edgekit.cli import app\n"
+        "for argv in (['--help'], ['boards'], ['boards', 'show', 'jetson-orin-nano-8gb'], ['targets']):\n"
+        "    try:\n"
+        "        app(argv)\n"
+        "    except SystemExit as e:\n"
+        "        assert not e.code, (argv, e.code)\n"
+        f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout
+
+
+def test_user_errors_are_one_line_exit_2(tmp_path):
+    bad = tmp_path / "cut.pt2"
+    bad.write_bytes(b"PK\x03\x04 not really")
+    for args, needle in [
+        (["convert", "nope.pt2"], "no such file"),
+        (["convert", str(bad)], "cut.pt2"),
+        (["convert", "examples/digits/digits_cnn.pt2", "--target", "toaster"], "known targets"),
+        (["convert", "examples/digits/digits_cnn.pt2", "--board", "jetson-tx9"], "known boards"),
+        (["boards", "show", "jetson-orin-nano-8gb", "--set", "ram_mb=-5"], "ram_mb"),
+    ]:
+        proc = _run(*args)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert needle in proc.stderr, (args, proc.stderr)
+        assert "Traceback" not in proc.stderr
+        assert len(proc.stderr.strip().splitlines()) <= 3, proc.stderr  # one message (rich may wrap it)
+
+
+def test_inspect_json_and_table(digits):
+    proc = _run("inspect", str(digits["model"]), "--json", "--target", "jetson")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["macs"] > 0 and data["peak_activation_bytes"] > 0 and data["unsupported"] == []
+    assert set(data["weight_bytes"]) == {"fp32", "fp16", "int8", "int4"}
+    assert data["model"]["inputs"][0]["shape"] == [1, 1, 8, 8]
+    table = _run("inspect", str(digits["model"]))
+    assert table.returncode == 0 and "peak live activations" in table.stdout and "Conv" in table.stdout
+
+
+def test_convert_cli_quickstart(digits, tmp_path):
+    out = tmp_path / "jetson"
+    proc = _run("convert", str(digits["model"]), "--target", "jetson", "-p", "int8", "--calib", str(digits["calib"]),
+                "--eval", str(digits["eval"]), "-o", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert (out / "model.onnx").exists() and (out / "manifest.json").exists()
+    assert "accuracy (450 samples)" in proc.stdout

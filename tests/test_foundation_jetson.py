@@ -1,0 +1,246 @@
+"""The Jetson path end to end on the host: convert, verify, bundle, run the device runner."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.errors import InputSpecError, OutputError, ProfileError, UnsupportedOpError, VerificationError
+from edgekit.fsutil import sha256_file
+from edgekit.pipeline import convert
+from edgekit.profiles import data_dir
+
+
+@pytest.fixture(scope="module")
+def builds(digits, tmp_path_factory):
+    out = {}
+    root = tmp_path_factory.mktemp("jetson")
+    for p in ("fp32", "fp16", "int8"):
+        out[p] = convert(digits["model"], "jetson", root / p, precision=p, calib=str(digits["calib"]),
+                         eval_data=str(digits["eval"]))
+    return out
+
+
+def test_accuracy_float_vs_converted(builds):
+    for p, res in builds.items():
+        v = res.verification
+        assert v.passed, v.failures
+        assert v.eval_samples == 450
+        assert v.float_accuracy > 0.95
+        drop = v.float_accuracy - v.converted_accuracy
+        assert drop <= {"fp32": 0.0, "fp16": 0.005, "int8": 0.02}[p] + 1e-9, (p, drop)
+
+
+def test_onnx_is_loadable_with_opset_and_ir_onnxruntime_accepts(builds):
+    for res in builds.values():
+        proto = onnx.load(str(res.out_dir / "model.onnx"))
+        onnx.checker.check_model(proto)
+        opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
+        assert opset >= 17
+        assert proto.ir_version <= 10
+        ort.InferenceSession(str(res.out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+        assert {o.domain for o in proto.opset_import} <= {"", "ai.onnx"}  # nothing TensorRT cannot parse
+
+
+def test_int8_is_explicit_symmetric_per_channel_qdq(builds):
+    proto = onnx.load(str(builds["int8"].out_dir / "model.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    ops = [n.op_type for n in proto.graph.node]
+    assert ops.count("QuantizeLinear") >= 5 and ops.count("DequantizeLinear") >= 10
+    # every Conv / Gemm reads a dequantized int8 weight with one scale per output channel
+    producers = {o: n for n in proto.graph.node for o in n.output}
+    for n in proto.graph.node:
+        if n.op_type in ("Conv", "Gemm"):
+            dq = producers[n.input[1]]
+            assert dq.op_type == "DequantizeLinear"
+            w, scale = inits[dq.input[0]], inits[dq.input[1]]
+            assert w.dtype == np.int8
+            assert scale.size == w.shape[0] and scale.size > 1  # per-channel
+            if len(dq.input) > 2:
+                assert not inits[dq.input[2]].any()  # symmetric: zero point 0
+    # activations: symmetric int8 (zero point 0)
+    for n in proto.graph.node:
+        if n.op_type == "QuantizeLinear" and len(n.input) > 2 and n.input[2] in inits:
+            zp = inits[n.input[2]]
+            assert zp.dtype == np.int8 and not zp.any()
+
+
+def test_size_ratios(builds):
+    size = {p: r.manifest["files"]["model.onnx"]["bytes"] for p, r in builds.items()}
+    assert size["fp16"] / size["fp32"] < 0.6
+    assert size["int8"] / size["fp32"] < 0.45
+
+
+def test_manifest_records_everything_and_hashes_match(builds, digits):
+    res = builds["int8"]
+    man = json.loads((res.out_dir / "manifest.json").read_text())
+    for key in ("source_model", "precision", "calibration", "toolchain", "inputs", "outputs", "board", "budgets",
+                "golden", "tolerance", "verification", "files", "artifact"):
+        assert key in man, key
+    assert man["source_model"]["sha256"] == sha256_file(digits["model"])
+    assert man["calibration"]["sha256"] == sha256_file(digits["calib"])
+    assert man["toolchain"]["onnxruntime"] == ort.__version__
+    assert man["board"]["id"] == "nvidia/jetson-orin-nano-8gb"
+    assert man["verification"]["passed"] is True
+    for rel, info in man["files"].items():
+        assert sha256_file(res.out_dir / rel) == info["sha256"], rel
+    for needed in ("model.onnx", "golden.npz", "run.py", "build_engine.sh", "report.md"):
+        assert needed in man["files"], needed
+    assert man["artifact"]["engine"]["built"] is False and "tensorrt" in man["artifact"]["engine"]["reason"]
+    g = np.load(res.out_dir / "golden.npz")
+    assert g["input_0"].shape == (16, 1, 8, 8) and g["output_0"].shape == (16, 10)
+    assert "int8" in (res.out_dir / "report.md").read_text()
+
+
+def _run_runner(bundle: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(bundle / "run.py"), "--runtime", "onnxruntime", "--iters", "20",
+                           "--warmup", "2", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_device_runner_on_host_passes_and_writes_result(builds, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(builds["int8"].out_dir, bundle)
+    proc = _run_runner(bundle)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    res = json.loads((bundle / "smoke_result.json").read_text())
+    assert res["passed"] is True
+    names = {c["name"]: c for c in res["checks"]}
+    assert names["integrity"]["passed"] and names["golden"]["passed"] and names["latency"]["passed"]
+    assert names["power"]["passed"] is None and "not measured" in names["power"]["detail"]
+    assert res["latency_ms"]["p50"] <= res["latency_ms"]["p99"]
+
+
+def test_device_runner_catches_corruption_and_bad_outputs(builds, tmp_path):
+    import shutil
+
+    bundle = tmp_path / "b"
+    shutil.copytree(builds["fp32"].out_dir, bundle)
+    data = bytearray((bundle / "model.onnx").read_bytes())
+    data[-10] ^= 0xFF
+    (bundle / "model.onnx").write_bytes(bytes(data))
+    proc = _run_runner(bundle)
+    assert proc.returncode == 1
+    assert "model.onnx: sha256 differs" in proc.stdout
+
+    # golden outputs that the model does not produce: the golden check must fail
+    shutil.rmtree(bundle)
+    shutil.copytree(builds["fp32"].out_dir, bundle)
+    g = dict(np.load(bundle / "golden.npz"))
+    g["output_0"] = g["output_0"] + 5.0
+    np.savez(bundle / "golden.npz", **g)
+    man = json.loads((bundle / "manifest.json").read_text())
+    man["files"]["golden.npz"]["sha256"] = sha256_file(bundle / "golden.npz")
+    (bundle / "manifest.json").write_text(json.dumps(man))
+    proc = _run_runner(bundle)
+    assert proc.returncode == 1 and "FAIL golden" in proc.stdout
+
+
+def test_device_runner_keeps_to_python36_syntax():
+    src = (data_dir("firmware") / "tensorrt" / "run.py").read_text()
+    ast.parse(src, feature_version=(3, 6))
+    assert "from __future__ import annotations" not in src
+
+
+def test_int8_needs_calibration_or_explicit_random(digits, tmp_path):
+    with pytest.raises(InputSpecError, match="--calib"):
+        convert(digits["model"], "jetson", tmp_path / "x", precision="int8")
+    assert not (tmp_path / "x").exists()
+    warnings = []
+    res = convert(digits["model"], "jetson", tmp_path / "r", precision="int8", calib="random", warn=warnings.append)
+    assert any("accuracy on real data is unknown" in w for w in warnings)
+    assert res.manifest["calibration"]["random"] is True
+
+
+def test_int8_refused_on_maxwell_nano(digits, tmp_path):
+    with pytest.raises(ProfileError, match="no int8 compute path"):
+        convert(digits["model"], "jetson", tmp_path / "x", board="nvidia/jetson-nano-4gb", precision="int8",
+                calib=str(digits["calib"]))
+
+
+def test_calibration_with_wrong_shape_names_expected(digits, tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, image=np.zeros((4, 1, 28, 28), np.float32))
+    with pytest.raises(InputSpecError, match=r"expects \[N, 1, 8, 8\]"):
+        convert(digits["model"], "jetson", tmp_path / "x", precision="int8", calib=str(bad))
+
+
+def _det_model(path: Path) -> Path:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [])
+    node = helper.make_node("Det", ["x"], ["y"], name="the_det")
+    model = helper.make_model(helper.make_graph([node], "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_unsupported_op_names_op_and_node(tmp_path):
+    with pytest.raises(UnsupportedOpError, match=r"Det \(node the_det\)"):
+        convert(_det_model(tmp_path / "det.onnx"), "jetson", tmp_path / "x", precision="fp32")
+    assert not (tmp_path / "x").exists()
+
+
+def test_failed_verification_is_marked_and_raises(digits, tmp_path, monkeypatch):
+    from edgekit import profiles
+
+    real = profiles.load_target
+
+    def strict(name):
+        t = real(name)
+        t.tolerances["fp16"].max_rel_error = 1e-9  # no fp16 build can meet this
+        return t
+
+    monkeypatch.setattr("edgekit.pipeline.load_target", strict)
+    with pytest.raises(VerificationError, match="output 'output': max error .*tolerance"):
+        convert(digits["model"], "jetson", tmp_path / "v", precision="fp16", calib=str(digits["calib"]))
+    man = json.loads((tmp_path / "v" / "manifest.json").read_text())
+    assert man["verification"]["passed"] is False
+    assert "FAILED" in (tmp_path / "v" / "report.md").read_text()
+
+
+def test_output_is_atomic_and_never_clobbers_foreign_folders(digits, tmp_path, monkeypatch):
+    foreign = tmp_path / "mine"
+    foreign.mkdir()
+    (foreign / "thesis.tex").write_text("precious")
+    with pytest.raises(OutputError, match="not an edgekit output"):
+        convert(digits["model"], "jetson", foreign, precision="fp32")
+    assert (foreign / "thesis.tex").read_text() == "precious"
+
+    # a crash inside the convert stage leaves no output and no temporary sibling
+    from edgekit.converters import tensorrt
+
+    def boom(self, job):
+        (job.out_dir / "model.onnx").write_bytes(b"half")
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(tensorrt.TensorRTConverter, "convert", boom)
+    with pytest.raises(RuntimeError, match="killed"):
+        convert(digits["model"], "jetson", tmp_path / "out", precision="fp32")
+    assert sorted(os.listdir(tmp_path)) == ["mine"]
+
+
+@pytest.mark.gpu
+def test_engine_builds_where_tensorrt_and_a_gpu_exist(builds, tmp_path):
+    trt = pytest.importorskip("tensorrt", reason="TensorRT is not installed (no GPU here; engines build on the board)")
+    from edgekit.converters.tensorrt import _engine_unavailable, _load_firmware_runner
+
+    why = _engine_unavailable()
+    if why:
+        pytest.skip(why)
+    runner = _load_firmware_runner()
+    engine = tmp_path / "model.engine"
+    runner.build_engine(str(builds["int8"].out_dir / "model.onnx"), str(engine), "int8",
+                        timing_cache=str(tmp_path / "timing.cache"))
+    assert engine.stat().st_size > 0 and trt.__version__
