@@ -72,6 +72,7 @@ class Board(_Strict):
         description="share of peak throughput reached in practice (cost model); recalibrated from measurements",
     )
     launch_overhead_us: float = Field(default=0, ge=0, description="per-layer launch overhead (cost model)")
+    sparsity_2_4: bool = Field(default=False, description="2:4 structured sparsity runs at 2x tensor rate (Ampere+)")
     notes: list[str] = Field(default_factory=list)
 
     @property

@@ -1,0 +1,199 @@
+"""The cost model: RAM, storage, latency and energy of one model on one board, before building.
+
+Everything the planner knows about a board's speed is in this module. The inputs are the
+per-layer analysis (:class:`edgekit.analyze.ModelStats`) and the board profile
+(:class:`edgekit.profiles.Board`); nothing is run.
+
+**Memory** (RAM, MB) = weights at each layer's precision (sparse encoding where the
+candidate uses 2:4 sparsity) + peak live activations at the activation precision
+(liveness walk from ``analyze``) + the board's ``runtime_overhead_mb``.
+
+**Storage** (MB) = the weights as stored (same encoding as in RAM).
+
+**Latency** (ms) = sum over layers of
+``max(compute, memory) + launch_overhead_us`` where
+``compute = 2 * MACs / (peak_tops[precision] at the power mode * efficiency[precision])``
+and ``memory = (weight bytes + input and output activation bytes) / memory_bandwidth_gbps``.
+Weight-only precisions (int8-weight, int4-weight) compute at the best float rate the board
+has. 2:4 sparsity doubles the tensor rate of the layers it covers (Ampere sparse tensor
+cores) and halves their stored weights plus 2 bits of index per kept value.
+
+**Energy** (mJ) = power of the power mode (W) x latency (ms).
+
+**Structured pruning** at ratio ``r`` removes that share of output channels from every
+Conv/Gemm except the last (the classifier keeps its outputs): MACs and weights of a
+layer scale by ``(1-r)`` for each of its pruned sides (input and output), activations by
+``(1-r)``. This is the estimate; the built model is pruned by torch-pruning.
+
+The efficiency factors and launch overhead start from the profile and are replaced by
+``edgekit calibrate`` fits (see :mod:`edgekit.calibrate`), which :func:`calibrated` applies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from edgekit.analyze import WEIGHT_OPS, ModelStats
+from edgekit.profiles import Board
+
+MB = 1e6
+DEFAULT_EFFICIENCY = 0.25  # for a precision the profile gives no factor for
+# bytes per weight value, and per activation value, at each precision
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 1.0, "int4-weight": 0.5}
+ACT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 2.0, "int4-weight": 2.0}
+TENSOR_CORE_PRECISIONS = ("fp16", "int8", "int8-weight", "int4-weight")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to build the model: precision x pruning x power mode."""
+
+    precision: str
+    power_mode: str
+    prune_ratio: float = 0.0  # structured channel pruning
+    sparsity: str | None = None  # "2:4" where the board supports it
+    float_layers: tuple[str, ...] = ()  # layers kept at higher precision (sensitivity)
+
+    @property
+    def label(self) -> str:
+        parts = [self.precision]
+        if self.prune_ratio:
+            parts.append(f"prune{int(round(self.prune_ratio * 100))}%")
+        if self.sparsity:
+            parts.append(self.sparsity)
+        if self.float_layers:
+            parts.append(f"{len(self.float_layers)} float layer(s)")
+        parts.append(self.power_mode)
+        return " / ".join(parts)
+
+
+@dataclass
+class LayerCost:
+    name: str
+    op: str
+    precision: str
+    weight_bytes: float
+    macs: float
+    compute_ms: float
+    memory_ms: float
+    launch_ms: float
+
+    @property
+    def latency_ms(self) -> float:
+        return max(self.compute_ms, self.memory_ms) + self.launch_ms
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_ms >= self.memory_ms else "memory"
+
+
+@dataclass
+class Estimate:
+    candidate: Candidate
+    ram_mb: float
+    storage_mb: float
+    latency_ms: float
+    energy_mj: float
+    power_w: float
+    weights_mb: float
+    activations_mb: float
+    runtime_overhead_mb: float
+    layers: list[LayerCost] = field(default_factory=list)
+
+    def to_json(self, layers: bool = False) -> dict[str, Any]:
+        d = {
+            "candidate": asdict(self.candidate) | {"label": self.candidate.label},
+            **{k: round(v, 6) for k, v in asdict(self).items() if isinstance(v, float)},
+        }
+        if layers:
+            d["layers"] = [asdict(lc) | {"latency_ms": lc.latency_ms, "bound": lc.bound} for lc in self.layers]
+        return d
+
+
+def efficiency(board: Board, precision: str) -> float:
+    key = precision
+    if precision not in board.efficiency and precision in ("int8-weight", "int4-weight"):
+        key = _float_compute_precision(board)
+    return board.efficiency.get(key, DEFAULT_EFFICIENCY)
+
+
+def _float_compute_precision(board: Board) -> str:
+    return "fp16" if "fp16" in board.precisions else "fp32"
+
+
+def compute_precision(board: Board, precision: str) -> str:
+    """The precision whose throughput a layer runs at (weight-only formats compute in float)."""
+    if precision in ("int8-weight", "int4-weight"):
+        return _float_compute_precision(board)
+    return precision
+
+
+def _weight_layers(stats: ModelStats) -> list[int]:
+    return [i for i, lay in enumerate(stats.layers) if lay.op in WEIGHT_OPS and lay.params > 0]
+
+
+def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
+    """RAM, storage, latency and energy of ``stats`` built as ``cand`` on ``board``."""
+    mode = board.power_modes[cand.power_mode]
+    r = cand.prune_ratio
+    wl = _weight_layers(stats)
+    first, last = (wl[0], wl[-1]) if wl else (-1, -1)
+    bw = board.memory_bandwidth_gbps * 1e9  # bytes/s
+    launch_ms = board.launch_overhead_us / 1e3
+    layers: list[LayerCost] = []
+    total_w = 0.0
+    prev_act = float(stats.input_bytes)
+    for i, lay in enumerate(stats.layers):
+        prec = "fp32" if lay.name in cand.float_layers else cand.precision
+        # pruning: inputs of every weight layer after the first are pruned, outputs of all but the last
+        keep_in = (1 - r) if (lay.op in WEIGHT_OPS and i > first and i <= last) else 1.0
+        keep_out = (1 - r) if (i < last) else 1.0
+        is_w = lay.op in WEIGHT_OPS and lay.params > 0
+        macs = lay.macs * keep_out * (keep_in if is_w else 1.0)
+        params = lay.params * keep_out * (keep_in if is_w else 1.0)
+        if is_w:
+            wbytes = params * WEIGHT_BYTES[prec]
+            if cand.sparsity == "2:4" and prec in TENSOR_CORE_PRECISIONS:
+                wbytes = wbytes / 2 + params / 2 * 2 / 8  # half the values + 2-bit index per kept value
+        else:
+            wbytes = params * (2.0 if prec == "fp16" else 4.0)
+        total_w += wbytes
+        act_scale = ACT_BYTES[prec] / 4.0
+        out_act = lay.activation_bytes * keep_out * act_scale
+        cprec = compute_precision(board, prec)
+        tops = mode.peak_tops.get(cprec) or mode.peak_tops.get("fp32") or max(mode.peak_tops.values())
+        if cand.sparsity == "2:4" and is_w and prec in TENSOR_CORE_PRECISIONS:
+            tops *= 2
+        compute_s = 2 * macs / (tops * 1e12 * efficiency(board, prec)) if macs else 0.0
+        memory_s = (wbytes + prev_act * act_scale + out_act) / bw
+        layers.append(LayerCost(lay.name, lay.op, prec, wbytes, macs, compute_s * 1e3, memory_s * 1e3, launch_ms))
+        prev_act = lay.activation_bytes * keep_out
+    act_prec = ACT_BYTES[cand.precision] / 4.0
+    act_mb = stats.peak_activation_bytes * (1 - r if wl else 1.0) * act_prec / MB
+    weights_mb = total_w / MB
+    latency = sum(lc.latency_ms for lc in layers)
+    return Estimate(
+        candidate=cand,
+        ram_mb=weights_mb + act_mb + board.runtime_overhead_mb,
+        storage_mb=weights_mb,
+        latency_ms=latency,
+        energy_mj=mode.power_w * latency,
+        power_w=mode.power_w,
+        weights_mb=weights_mb,
+        activations_mb=act_mb,
+        runtime_overhead_mb=board.runtime_overhead_mb,
+        layers=layers,
+    )
+
+
+def calibrated(board: Board) -> Board:
+    """The board with efficiency factors and launch overhead from its stored calibration, if any."""
+    from edgekit.calibrate import load_fit
+
+    fit = load_fit(board.id)
+    if not fit:
+        return board
+    eff = dict(board.efficiency)
+    eff.update({k: min(1.0, max(1e-6, v)) for k, v in fit["efficiency"].items()})
+    return board.model_copy(update={"efficiency": eff, "launch_overhead_us": fit["launch_overhead_us"]})
