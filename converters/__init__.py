@@ -41,6 +41,7 @@ class ConvertJob:
     work_dir: Path  # scratch space, deleted after the run
     options: dict[str, Any] = field(default_factory=dict)
     log: Callable[[str], None] = print
+    float_onnx: Path | None = None  # the float ONNX export the analyze stage made (reuse it, don't export twice)
     warn: Callable[[str], None] = print
 
 

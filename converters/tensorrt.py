@@ -37,8 +37,11 @@ class TensorRTConverter:
     def convert(self, job: ConvertJob) -> Artifact:
         onnx = require("onnx", "jetson")
         opset = job.options.get("opset") or job.target.opset or 18
-        raw = export_onnx(job.model, job.work_dir / "exported.onnx", opset)
-        job.log(f"exported ONNX (opset {_opset(onnx.load(str(raw)))})")
+        if job.float_onnx is not None and (opset == (job.target.opset or 18) or not job.model.is_torch):
+            raw = job.float_onnx  # exported once by the analyze stage
+        else:
+            raw = export_onnx(job.model, job.work_dir / "exported.onnx", opset)
+        job.log(f"float ONNX (opset {_opset(onnx.load(str(raw)))})")
         clean = job.work_dir / "float.onnx"
         stats = slim(raw, clean)
         job.log(f"onnxslim: {stats['nodes_before']} -> {stats['nodes_after']} nodes")

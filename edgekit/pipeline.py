@@ -153,6 +153,7 @@ def convert(
                 calib=calib_ds if precision == "int8" else calib_ds,
                 out_dir=out_tmp, work_dir=work,
                 options={"opset": opset, **(options or {})}, log=log, warn=_warn,
+                float_onnx=src_onnx if m.is_torch else None,
             )
             conv = get_converter(tgt.converter)
             with clock.stage("convert"):
@@ -169,6 +170,13 @@ def convert(
                     calib_ds, stats, conv, warnings, clock.times,
                 )
         result = ConvertResult(Path(out).resolve(), manifest, verification, stats, clock.times, warnings, artifact.notes)
+    try:  # results store (edgekit.results): a full disk or locked db must not fail a finished conversion
+        from edgekit.results import manifest_fields, record
+
+        record("convert", **manifest_fields(manifest), passed=verification.passed, out=str(result.out_dir),
+               timings_s=manifest.get("timings_s"), verification=manifest.get("verification"))
+    except Exception as exc:  # noqa: BLE001
+        warn(f"results store not updated: {exc}")
     if not verification.passed:
         raise VerificationError(
             "host verification failed: " + "; ".join(verification.failures)
