@@ -233,6 +233,7 @@ def version() -> None:
 # Commands defined in other modules register themselves on `app` when imported here.
 # Keep those modules light at import time (no torch/onnx/etc. at module level).
 # (one import line per module, e.g. `from edgekit import cli_flash  # noqa: E402,F401`)
+from edgekit import cli_flash  # noqa: E402,F401
 
 
 def main() -> None:

@@ -1,0 +1,184 @@
+"""CLI: bundle, flash, smoke, results (registered on edgekit.cli's app when imported)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from edgekit.cli import app, console, err
+from edgekit.errors import EdgekitError
+
+DbOpt = Annotated[Path | None, typer.Option("--results-db", help="results SQLite file (default: user data dir; env EDGEKIT_RESULTS_DB)")]
+HostOpt = Annotated[str | None, typer.Option("--host", help="user@addr[:port] (ssh), adb[:SERIAL], or local (default for board host/host)")]
+KeyOpt = Annotated[Path | None, typer.Option("--key", help="SSH private key file")]
+KnownOpt = Annotated[Path | None, typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")]
+AcceptOpt = Annotated[bool, typer.Option("--accept-new-host-key", help="trust and record an unknown host key (a changed key is always refused)")]
+DestOpt = Annotated[str | None, typer.Option("--dest", help="bundle folder on the board (default ~/edgekit/<bundle name>)")]
+AdbOpt = Annotated[str | None, typer.Option("--adb-server", help="adb server host:port (default 127.0.0.1:5037)")]
+
+
+def _record(kind: str, **fields: Any) -> None:
+    from edgekit import results
+
+    try:
+        results.record(kind, **fields)
+    except OSError as exc:  # sqlite3.Error is not an OSError: only a missing/unwritable folder lands here
+        err.print(f"[yellow]warning:[/] results store not updated ({exc})")
+
+
+def _transport(man: dict[str, Any], host: str | None, key, known_hosts, accept: bool, adb_server: str | None):
+    from edgekit.smoke import HOST_BOARD
+    from edgekit.transports import open_transport
+
+    if host is None:
+        if (man.get("board") or {}).get("id") != HOST_BOARD:
+            raise EdgekitError(f"this bundle is for board {man['board']['id']}: give --host user@addr[:port] (or adb[:SERIAL])")
+        host = "local"
+    return open_transport(host, key=str(key) if key else None, known_hosts=str(known_hosts) if known_hosts else None,
+                          accept_new_host_key=accept, adb_server=adb_server)
+
+
+def _peek_manifest(bundle: Path) -> dict[str, Any]:
+    from edgekit.bundle import unpack
+
+    with unpack(bundle) as ub:
+        return ub.manifest
+
+
+@app.command()
+def bundle(
+    build_dir: Annotated[Path, typer.Argument(help="folder written by `edgekit convert -o`")],
+    out: Annotated[Path | None, typer.Option("--output", "-o", help="bundle file (default <name>.tar.gz)")] = None,
+    results_db: DbOpt = None,
+) -> None:
+    """Pack a verified build into one flashable .tar.gz (refuses a build that failed verification)."""
+    from edgekit import results
+    from edgekit.bundle import make_bundle, read_manifest
+
+    results.use_db(results_db)
+    out = out or Path(f"{read_manifest(build_dir)['name']}.tar.gz")
+    path, man = make_bundle(build_dir, out)
+    _record("bundle", **results.manifest_fields(man), path=str(path), bytes=path.stat().st_size, files=len(man["files"]))
+    console.print(f"[bold green]bundle[/] {path} ({path.stat().st_size:,} bytes, {len(man['files']) + 1} files, "
+                  f"board {man['board']['id']}, {man['precision']})")
+
+
+@app.command()
+def flash(
+    bundle: Annotated[Path, typer.Argument(help="bundle .tar.gz (or a build folder)")],
+    board: Annotated[str | None, typer.Option("--board", "-b", help="board profile the bundle must be built for")] = None,
+    host: HostOpt = None,
+    key: KeyOpt = None,
+    known_hosts: KnownOpt = None,
+    accept_new_host_key: AcceptOpt = False,
+    dest: DestOpt = None,
+    adb_server: AdbOpt = None,
+    results_db: DbOpt = None,
+) -> None:
+    """Upload BUNDLE to a staging folder on the board, verify every sha256 there, rename into place (resumable)."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+
+    from edgekit import results
+    from edgekit.flash import flash as run_flash
+
+    results.use_db(results_db)
+    man = _peek_manifest(bundle)
+    if board:
+        from edgekit.profiles import load_board
+
+        want = load_board(board).id
+        if want != man["board"]["id"]:
+            raise EdgekitError(f"{bundle} was built for board {man['board']['id']}, not {want}; "
+                               f"convert again with --board {want}")
+    with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr, Progress(
+        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err,
+        transient=False,
+    ) as prog:
+        def on_file(rel: str, size: int):
+            task = prog.add_task(rel, total=size)
+            return lambda done: prog.update(task, completed=done)
+
+        res = run_flash(bundle, tr, dest=dest, on_file=on_file, log=lambda m: err.print(f"  [dim]{m}[/]"))
+        where = tr.describe()
+    _record("flash", **results.manifest_fields(man), host=where, dest=res.dest, uploaded=res.uploaded,
+            skipped=res.skipped, bytes_sent=res.bytes_sent, seconds=round(res.seconds, 3), passed=True)
+    state = "already installed" if res.already_installed else f"{len(res.uploaded)} sent, {len(res.skipped)} already there"
+    console.print(f"[bold green]flashed[/] {man['name']} → {where}:{res.dest} ({state}; every sha256 verified on the "
+                  f"board; {res.seconds:.2f} s)")
+
+
+@app.command()
+def smoke(
+    bundle: Annotated[Path, typer.Argument(help="bundle .tar.gz (or a build folder) already flashed")],
+    host: HostOpt = None,
+    key: KeyOpt = None,
+    known_hosts: KnownOpt = None,
+    accept_new_host_key: AcceptOpt = False,
+    dest: DestOpt = None,
+    python: Annotated[str | None, typer.Option("--python", help="python on the board (default: manifest's, else python3)")] = None,
+    runtime: Annotated[str | None, typer.Option("--runtime", help="runner runtime (default: onnxruntime on the host board)")] = None,
+    adb_server: AdbOpt = None,
+    results_db: DbOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print smoke_result.json")] = False,
+) -> None:
+    """Run the bundle's smoke test on the board, stream its log, print pass/fail per check."""
+    from edgekit import results
+    from edgekit.smoke import smoke as run_smoke
+
+    results.use_db(results_db)
+    man = _peek_manifest(bundle)
+    with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr:
+        res = run_smoke(bundle, tr, dest=dest, python=python, runtime=runtime,
+                        on_line=None if as_json else (lambda ln: err.print(f"  │ {ln}", markup=False, highlight=False)))
+        where = tr.describe()
+    r = res.result
+    _record("smoke", **results.manifest_fields(man), host=where, dest=res.dest, passed=res.passed,
+            measured_latency_ms=res.latency_p50_ms, latency_ms=r.get("latency_ms"), peak_rss_mb=r.get("peak_rss_mb"),
+            power_w=r.get("power_w"), runtime=r.get("runtime"), checks=res.checks, exit_code=res.exit_code,
+            seconds=round(res.seconds, 3))
+    if as_json:
+        print(json.dumps(r, indent=2))
+    else:
+        t = Table(title=f"smoke test on {where} ({r.get('runtime', '?')})", title_justify="left")
+        t.add_column("check")
+        t.add_column("result")
+        t.add_column("detail")
+        for c in res.checks:
+            mark = {True: "[green]pass[/]", False: "[red]FAIL[/]"}.get(c.get("passed"), "[dim]not measured[/]")
+            t.add_row(c["name"], mark, str(c.get("detail", "")))
+        console.print(t)
+        console.print(("[bold green]PASSED[/]" if res.passed else "[bold red]FAILED[/]") + f" in {res.seconds:.2f} s")
+    if not res.passed:
+        raise typer.Exit(1)
+
+
+@app.command("results")
+def results_cmd(
+    kind: Annotated[str | None, typer.Option("--kind", help="convert | bundle | flash | smoke")] = None,
+    board: Annotated[str | None, typer.Option("--board", "-b", help="only this board id")] = None,
+    limit: Annotated[int, typer.Option("--limit", "-n", help="newest N (0 = all)")] = 50,
+    results_db: DbOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """List recorded converts, bundles, flashes and smoke tests (newest first)."""
+    from edgekit import results
+
+    results.use_db(results_db)
+    rows = results.events(kind, board, limit or None)
+    if as_json:
+        print(json.dumps(rows, indent=2, default=str))
+        return
+    t = Table(title=f"results: {results.db_path()}", title_justify="left")
+    for col in ("id", "when (UTC)", "kind", "board", "bundle", "precision", "model", "est. ms", "measured ms", "result"):
+        t.add_column(col)
+    for e in rows:
+        fmt = lambda v: "—" if v is None else f"{v:.3g}"  # noqa: E731
+        res = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(e.get("passed"), "")
+        t.add_row(str(e["id"]), e["at_utc"], e["kind"], e.get("board_id") or "", e.get("bundle") or "",
+                  e.get("precision") or "", (e.get("model_sha256") or "")[:12], fmt(e.get("estimated_latency_ms")),
+                  fmt(e.get("measured_latency_ms")), res)
+    console.print(t)

@@ -1,0 +1,102 @@
+"""Run an installed bundle's smoke test on the board and read back its result.
+
+The runner (``manifest["runner"]["entry"]``, e.g. ``run.py``) runs on the board with the
+board's own Python and runtime, streams its log, and writes ``smoke_result.json`` in
+the bundle folder: integrity, load, golden outputs within tolerance, latency
+p50/p90/p99 against the budget, peak memory, power where the board exposes it. That
+file is fetched and returned; nothing is measured on the host.
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgekit.bundle import MANIFEST, unpack
+from edgekit.errors import EdgekitError
+from edgekit.fsutil import sha256_file
+from edgekit.flash import default_dest
+from edgekit.transports.base import Transport
+
+RESULT_FILE = "smoke_result.json"
+HOST_BOARD = "host/host"
+
+
+class SmokeError(EdgekitError):
+    """The smoke test could not run on the board (not installed, no result written)."""
+
+
+@dataclass
+class SmokeResult:
+    dest: str
+    exit_code: int
+    result: dict[str, Any]
+    seconds: float
+    manifest: dict[str, Any]
+
+    @property
+    def checks(self) -> list[dict[str, Any]]:
+        return list(self.result.get("checks", []))
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == 0 and bool(self.result.get("passed")) and all(
+            c.get("passed") is not False for c in self.checks)
+
+    @property
+    def latency_p50_ms(self) -> float | None:
+        lat = self.result.get("latency_ms") or {}
+        return lat.get("p50")
+
+
+def default_runtime(man: dict[str, Any]) -> str | None:
+    """On the host board the runner uses the target's host runtime (e.g. onnxruntime)."""
+    if (man.get("board") or {}).get("id") != HOST_BOARD:
+        return None
+    try:
+        from edgekit.profiles import load_target
+
+        return load_target(man["target"]).host_runtime
+    except EdgekitError:
+        return None
+
+
+def smoke(bundle: str | Path, transport: Transport, dest: str | None = None, python: str | None = None,
+          runtime: str | None = None, extra_args: list[str] | None = None,
+          on_line: Callable[[str], None] | None = None, timeout: float | None = 1800) -> SmokeResult:
+    t0 = time.perf_counter()
+    with unpack(bundle) as ub:
+        man = ub.manifest
+        local_manifest_sha = sha256_file(ub.root / MANIFEST)
+    dest = transport.resolve(dest or default_dest(man))
+    remote_man = posixpath.join(dest, MANIFEST)
+    got = transport.sha256([remote_man])[remote_man]
+    if got is None:
+        raise SmokeError(f"{dest} on {transport.describe()} holds no bundle; run `edgekit flash` first")
+    if got != local_manifest_sha:
+        raise SmokeError(f"{dest} on {transport.describe()} holds another bundle (its manifest.json differs); "
+                         "run `edgekit flash` with this bundle first")
+    runner = man.get("runner") or {}
+    entry = runner.get("entry", "run.py")
+    argv = [python or runner.get("python", "python3"), posixpath.join(dest, entry)]
+    runtime = runtime or default_runtime(man)
+    if runtime:
+        argv += ["--runtime", runtime]
+    argv += list(extra_args or [])
+    result_path = posixpath.join(dest, RESULT_FILE)
+    transport.remove(result_path)  # never read a stale result
+    rc, out = transport.run(argv, on_line=on_line, timeout=timeout)
+    if not transport.exists(result_path):
+        tail = "\n".join(out.strip().splitlines()[-8:])
+        raise SmokeError(f"the runner wrote no {RESULT_FILE} on {transport.describe()} (exit {rc}); its last lines:\n{tail}"
+                         + ("\n(no such python? give --python PATH)" if rc == 127 else ""))
+    try:
+        result = json.loads(transport.get(result_path))
+    except ValueError as exc:
+        raise SmokeError(f"{RESULT_FILE} on the board is not valid JSON ({exc})") from None
+    return SmokeResult(dest, rc, result, time.perf_counter() - t0, man)
