@@ -25,7 +25,7 @@ Conv/Gemm except the last (the classifier keeps its outputs): MACs and weights o
 layer scale by ``(1-r)`` for each of its pruned sides (input and output), activations by
 ``(1-r)``. This is the estimate; the built model is pruned by torch-pruning.
 
-The efficiency factors and launch overhead start from the profile and are replaced by
+The efficiency factors, launch overhead and bandwidth start from the profile and are replaced by
 ``edgekit calibrate`` fits (see :mod:`edgekit.calibrate`), which :func:`calibrated` applies.
 """
 
@@ -195,5 +195,7 @@ def calibrated(board: Board) -> Board:
     if not fit:
         return board
     eff = dict(board.efficiency)
-    eff.update({k: min(1.0, max(1e-6, v)) for k, v in fit["efficiency"].items()})
-    return board.model_copy(update={"efficiency": eff, "launch_overhead_us": fit["launch_overhead_us"]})
+    eff.update({k: max(1e-6, v) for k, v in fit["efficiency"].items()})  # > 1: the profile's peak is too low
+    return board.model_copy(update={
+        "efficiency": eff, "launch_overhead_us": fit["launch_overhead_us"],
+        "memory_bandwidth_gbps": board.memory_bandwidth_gbps * fit.get("bandwidth_factor", 1.0)})

@@ -1,0 +1,116 @@
+"""`edgekit plan` and `edgekit calibrate`: the budget-driven planner on the command line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from edgekit.cli import SetOpt, ShapeOpt, app, console, err
+
+
+def _num(v: float) -> str:
+    return f"{v:.4g}"
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Argument(help="model file (.pt2, .pt, .onnx) or pkg.module:factory")],
+    board: Annotated[str, typer.Option("--board", "-b", help="board profile, see `edgekit boards`")],
+    target: Annotated[str | None, typer.Option("--target", "-t", help="output target (default: the board's first)")] = None,
+    max_ram_mb: Annotated[float | None, typer.Option("--max-ram-mb", help="RAM budget incl. runtime (MB)")] = None,
+    max_storage_mb: Annotated[float | None, typer.Option("--max-storage-mb", help="weights storage budget (MB)")] = None,
+    max_latency_ms: Annotated[float | None, typer.Option("--max-latency-ms", help="latency budget (ms)")] = None,
+    max_power_w: Annotated[float | None, typer.Option("--max-power-w", help="power budget (W)")] = None,
+    max_energy_mj: Annotated[float | None, typer.Option("--max-energy-mj", help="energy per inference budget (mJ)")] = None,
+    max_accuracy_drop: Annotated[float | None, typer.Option("--max-accuracy-drop", help="accuracy drop budget (points, with --eval)")] = None,
+    eval_data: Annotated[str | None, typer.Option("--eval", help="eval .npz: build the choice and check its accuracy")] = None,
+    calib: Annotated[str | None, typer.Option("--calib", help="calibration .npz for INT8 builds (with --eval)")] = None,
+    input_shape: ShapeOpt = None,
+    board_set: SetOpt = None,
+    no_calibration: Annotated[bool, typer.Option("--no-calibration", help="ignore the board's stored calibration")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
+    report: Annotated[Path | None, typer.Option("--output", "-o", help="write report.html and PNGs to this folder")] = None,
+) -> None:
+    """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
+    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, choose, refine
+    from edgekit.profiles import load_board, load_target
+
+    brd = load_board(board, board_set)
+    tgt = load_target(target) if target else None
+    budgets = Budgets.for_board(brd, ram_mb=max_ram_mb, storage_mb=max_storage_mb, latency_ms=max_latency_ms,
+                                power_w=max_power_w, energy_mj=max_energy_mj, accuracy_drop_points=max_accuracy_drop)
+    with err.status("analyzing and estimating…"):
+        p = choose(model, brd, tgt, budgets, input_shape=input_shape, use_calibration=not no_calibration)
+    if eval_data:
+        with err.status("building the choice and measuring accuracy…"):
+            p = refine(p, model, eval_data, calib=calib, input_shape=input_shape, board_set=board_set,
+                       log=lambda m: err.print(f"  [dim]{m}[/]"))
+    if report is not None:
+        from edgekit.report_html import write_report
+
+        path = write_report(p, report)
+        if not as_json:
+            console.print(f"report: {path}")
+    if as_json:
+        print(json.dumps(p.to_json(), indent=2))
+        return
+    b = p.budgets
+    console.print(f"[bold]{brd.id}[/] ({p.target}), budgets: RAM {_num(b.ram_mb)} MB, storage {_num(b.storage_mb)} MB, "
+                  f"latency {_num(b.latency_ms)} ms, power {_num(b.power_w)} W"
+                  + (f", energy {_num(b.energy_mj)} mJ" if b.energy_mj else "")
+                  + f", accuracy drop {_num(b.accuracy_drop_points)} points"
+                  + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""))
+    t = Table(title="candidates (estimates)", title_justify="left")
+    for col, just in (("candidate", "left"), ("RAM MB", "right"), ("storage MB", "right"), ("latency ms", "right"),
+                      ("energy mJ", "right"), ("binds", "left"), ("fits", "left")):
+        t.add_column(col, justify=just)
+    chosen = p.choice.estimate.candidate
+    for s in p.candidates:
+        e = s.estimate
+        mark = "[bold green]◀ chosen[/]" if e.candidate == chosen else ""
+        fits = "[green]yes[/]" if s.fits else "[red]" + ", ".join(
+            f"{BUDGET_NAMES[k]} +{_num(v)} {BUDGET_UNITS[k]}" for k, v in s.over.items()) + "[/]"
+        t.add_row(e.candidate.label, f"{e.ram_mb:.3f}", f"{e.storage_mb:.4f}", f"{e.latency_ms:.4f}",
+                  f"{e.energy_mj:.4f}", BUDGET_NAMES[s.binding], f"{fits} {mark}")
+    console.print(t)
+    for step in p.eval_steps:
+        console.print(f"eval: {len(step.float_layers)} layer(s) kept float → accuracy {step.accuracy:.2%} "
+                      f"(float {step.float_accuracy:.2%}, drop {step.drop_points:.2f} points)")
+    for n in p.notes:
+        console.print(f"[dim]note: {n}[/]")
+    console.print(f"[bold green]choice:[/] {p.reason}")
+
+
+@app.command()
+def calibrate(
+    board: Annotated[str, typer.Option("--board", "-b", help="board to calibrate (host: measured here)")] = "host",
+    iterations: Annotated[int, typer.Option("--iterations", "-n", help="timed runs per model and precision")] = 50,
+    model: Annotated[list[str] | None, typer.Option("--model", help="also/only time this model (repeatable)")] = None,
+    input_shape: ShapeOpt = None,
+    precision: Annotated[list[str] | None, typer.Option("--precision", "-p", help="precisions to time (repeatable)")] = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Measure real latency (host: onnxruntime on this CPU), fit the board's efficiency factors, store them."""
+    from edgekit.calibrate import calibrate as run, store_path
+    from edgekit.errors import InputSpecError
+
+    if iterations < 1:
+        raise InputSpecError("--iterations must be at least 1")
+    models = [(m, input_shape, "random") for m in model] if model else None
+    with err.status("measuring…"):
+        store = run(board, iterations=iterations, models=models, precisions=precision,
+                    log=lambda m: err.print(f"  [dim]{m}[/]"))
+    f = store["fit"]
+    if as_json:
+        print(json.dumps(store, indent=2))
+        return
+    console.print(f"fitted {store['board']} on {f['samples']} measurement(s) "
+                  f"({f['results_store_samples']} from the results store): launch overhead {f['launch_overhead_us']:.1f} us, "
+                  "efficiency " + ", ".join(f"{k} {v:.4g}" for k, v in f["efficiency"].items()))
+    console.print(f"median |estimate - measured| / measured: {f['median_abs_error_before']:.1%} before, "
+                  f"{f['median_abs_error_after']:.1%} after")
+    console.print(f"stored: {store_path(store['board'])} (later plans for this board use it; --no-calibration ignores it)")
