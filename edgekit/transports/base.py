@@ -112,7 +112,7 @@ class Transport:
         self.check(["mkdir", "-p", "--", path], f"mkdir {path}")
 
     def rename(self, src: str, dst: str) -> None:
-        self.check(["mv", "-T", "--", src, dst], f"rename {src}")
+        self.check(["mv", "--", src, dst], f"rename {src}")  # dst never exists here (flash moves it aside)
 
     def remove_tree(self, path: str) -> None:
         self.check(["rm", "-rf", "--", path], f"remove {path}")

@@ -1,0 +1,145 @@
+"""Bundle packing and safe unpacking, and flash/smoke through the local transport."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+from flash_support import digits_build, digits_bundle
+
+from edgekit.bundle import BundleError, make_bundle, unpack
+from edgekit.flash import flash
+from edgekit.fsutil import sha256_file
+from edgekit.smoke import smoke
+from edgekit.transports.local import LocalTransport
+
+
+def _tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]]) -> Path:
+    with tarfile.open(path, "w:gz") as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def _file(name: str, data: bytes = b"x") -> tuple[tarfile.TarInfo, bytes]:
+    return tarfile.TarInfo(name), data
+
+
+def _link(name: str, target: str, hard: bool = False) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type = tarfile.LNKTYPE if hard else tarfile.SYMTYPE
+    info.linkname = target
+    return info, None
+
+
+def _evil(tmp_path: Path, extra) -> Path:
+    """A real digits bundle plus one hostile member (placed first so it is met early)."""
+    members = [extra]
+    with tarfile.open(digits_bundle()) as good:
+        for m in good.getmembers():
+            members.append((m, good.extractfile(m).read()))
+    return _tar(tmp_path / "evil.tar.gz", members)
+
+
+def test_bundle_roundtrip_is_deterministic(tmp_path):
+    build = digits_build()
+    a, man = make_bundle(build, tmp_path / "a.tar.gz")
+    b, _ = make_bundle(build, tmp_path / "b.tar.gz")
+    assert sha256_file(a) == sha256_file(b)
+    with tarfile.open(a) as tar:
+        assert sorted(tar.getnames()) == sorted(["manifest.json", *man["files"]])
+    with unpack(a) as ub:
+        assert ub.manifest["name"] == man["name"]
+        for rel, info in man["files"].items():
+            assert sha256_file(ub.root / rel) == info["sha256"]
+        root = ub.root
+    assert not root.exists()  # temporary unpack folder removed
+
+
+def test_bundle_refuses_failed_verification(tmp_path):
+    build = tmp_path / "build"
+    shutil.copytree(digits_build(), build)
+    man = json.loads((build / "manifest.json").read_text())
+    man["verification"]["passed"] = False
+    man["verification"]["failures"] = ["output: max rel error 40% > 15%"]
+    (build / "manifest.json").write_text(json.dumps(man))
+    with pytest.raises(BundleError, match="verification failed.*40%"):
+        make_bundle(build, tmp_path / "x.tar.gz")
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def test_bundle_refuses_tampered_build(tmp_path):
+    build = tmp_path / "build"
+    shutil.copytree(digits_build(), build)
+    with open(build / "model.onnx", "ab") as f:
+        f.write(b"\0")
+    with pytest.raises(BundleError, match="model.onnx: sha256 differs"):
+        make_bundle(build, tmp_path / "x.tar.gz")
+
+
+@pytest.mark.parametrize("extra, why", [
+    (_file("../escaped.txt"), "climbs out"),
+    (_file("sub/../../escaped.txt"), "climbs out"),
+    (_file("/tmp/edgekit-abs-escaped.txt"), "absolute path"),
+    (_link("evil_link", "../../../etc/passwd"), "outside the bundle"),
+    (_link("evil_link", "/etc/passwd"), "outside the bundle"),
+    (_link("evil_hard", "../escaped.txt", hard=True), "climbs out"),
+])
+def test_unpack_rejects_escaping_members_before_writing(tmp_path, extra, why):
+    bundle = _evil(tmp_path, extra)
+    dest = tmp_path / "out" / "unpacked"
+    with pytest.raises(BundleError, match=why):
+        unpack(bundle, dest)
+    assert not dest.exists()
+    assert not (tmp_path / "out" / "escaped.txt").exists() and not Path("/tmp/edgekit-abs-escaped.txt").exists()
+    # and flash refuses it before touching the board
+    board = tmp_path / "board"
+    with pytest.raises(BundleError, match=why):
+        flash(bundle, LocalTransport(), dest=str(board / "digits"))
+    assert not board.exists()
+
+
+def test_unpack_rejects_fifo_and_unlisted_and_corrupt(tmp_path):
+    fifo = tarfile.TarInfo("pipe")
+    fifo.type = tarfile.FIFOTYPE
+    with pytest.raises(BundleError, match="device or fifo"):
+        unpack(_evil(tmp_path, (fifo, None)))
+    with pytest.raises(BundleError, match="does not list.*stowaway.sh"):
+        unpack(_evil(tmp_path, _file("stowaway.sh", b"rm -rf ~\n")))
+    # same names, one file's bytes changed: caught by the manifest's sha256, nothing left behind
+    members = []
+    with tarfile.open(digits_bundle()) as good:
+        for m in good.getmembers():
+            data = good.extractfile(m).read()
+            members.append((m, data.replace(b"edgekit", b"EDGEKIT") if m.name == "run.py" else data))
+    dest = tmp_path / "corrupt-out"
+    with pytest.raises(BundleError, match="run.py: sha256 differs"):
+        unpack(_tar(tmp_path / "c.tar.gz", members), dest)
+    assert not dest.exists()
+
+
+def test_internal_symlink_is_allowed(tmp_path):
+    with unpack(_evil(tmp_path, _link("docs/readme-link", "../report.md"))) as ub:
+        assert (ub.root / "docs" / "readme-link").resolve() == (ub.root / "report.md").resolve()
+
+
+def test_flash_and_smoke_local_transport(tmp_path):
+    """The host board through the local transport: flash, re-flash (nothing sent), smoke."""
+    dest = str(tmp_path / "board" / "digits")
+    t = LocalTransport()
+    r1 = flash(digits_bundle(), t, dest=dest)
+    assert len(r1.uploaded) == 6 and not r1.skipped and not Path(dest + ".staging").exists()
+    r2 = flash(digits_bundle(), t, dest=dest)
+    assert r2.already_installed and not r2.uploaded
+    s = smoke(digits_bundle(), t, dest=dest, python=sys.executable)
+    names = {c["name"]: c["passed"] for c in s.checks}
+    assert s.passed, s.result
+    assert names["integrity"] and names["golden"] and names["latency"] and names["power"] is None
+    assert s.latency_p50_ms and s.latency_p50_ms > 0
