@@ -34,6 +34,7 @@ def plan(
     no_calibration: Annotated[bool, typer.Option("--no-calibration", help="ignore the board's stored calibration")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print the plan as JSON")] = False,
     report: Annotated[Path | None, typer.Option("--output", "-o", help="write report.html and PNGs to this folder")] = None,
+    build: Annotated[Path | None, typer.Option("--build", help="with --eval: keep the chosen build in this folder")] = None,
 ) -> None:
     """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
     from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, choose, refine
@@ -47,7 +48,7 @@ def plan(
         p = choose(model, brd, tgt, budgets, input_shape=input_shape, use_calibration=not no_calibration)
     if eval_data:
         with err.status("building the choice and measuring accuracy…"):
-            p = refine(p, model, eval_data, calib=calib, input_shape=input_shape, board_set=board_set,
+            p = refine(p, model, eval_data, calib=calib, input_shape=input_shape, board_set=board_set, out=build,
                        log=lambda m: err.print(f"  [dim]{m}[/]"))
     if report is not None:
         from edgekit.report_html import write_report
@@ -80,6 +81,8 @@ def plan(
     for step in p.eval_steps:
         console.print(f"eval: {len(step.float_layers)} layer(s) kept float → accuracy {step.accuracy:.2%} "
                       f"(float {step.float_accuracy:.2%}, drop {step.drop_points:.2f} points)")
+    if p.build_dir:
+        console.print(f"build: {p.build_dir}")
     for n in p.notes:
         console.print(f"[dim]note: {n}[/]")
     console.print(f"[bold green]choice:[/] {p.reason}")

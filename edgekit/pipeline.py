@@ -29,6 +29,7 @@ from edgekit.data import Dataset, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError, VerificationError
 from edgekit.fsutil import atomic_dir, sha256_file
 from edgekit.ingest import Model, load_model
+from edgekit.planner import plan_section
 from edgekit.profiles import Board, Target, data_dir, default_board, load_board, load_target
 from edgekit.verify import Verification, verify
 
@@ -111,6 +112,13 @@ def convert(
         brd = load_board(brd.id, board_set)
     if target not in brd.targets:
         raise ProfileError(f"board {brd.id} does not take target {target!r} (its targets: {brd.targets})")
+    plan = None
+    if precision == "auto":  # the budget-driven planner picks the precision (edgekit.planner)
+        from edgekit.planner import choose
+
+        plan = choose(model, brd, tgt, input_shape=input_shape, trust_pickle=trust_pickle, prunable=False)
+        precision = plan.precision
+        log(f"plan: {plan.reason}")
     precision = precision or tgt.default_precision
     check_precision(precision, tgt, brd)
     warnings: list[str] = []
@@ -167,7 +175,7 @@ def convert(
             with clock.stage("bundle"):
                 manifest = _write_bundle(
                     out_tmp, m, tgt, brd, precision, artifact, verification, golden_in, golden_out,
-                    calib_ds, stats, conv, warnings, clock.times,
+                    calib_ds, stats, conv, warnings, clock.times, plan_section(stats, brd, precision, plan),
                 )
         result = ConvertResult(Path(out).resolve(), manifest, verification, stats, clock.times, warnings, artifact.notes)
     try:  # results store (edgekit.results): a full disk or locked db must not fail a finished conversion
@@ -187,7 +195,8 @@ def convert(
 
 def _write_bundle(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact, verification: Verification,
                   golden_in: dict[str, np.ndarray], golden_out: list[np.ndarray], calib_ds: Dataset | None,
-                  stats: ModelStats, conv, warnings: list[str], times: dict[str, float]) -> dict[str, Any]:
+                  stats: ModelStats, conv, warnings: list[str], times: dict[str, float],
+                  plan: dict[str, Any] | None = None) -> dict[str, Any]:
     arrays: dict[str, np.ndarray] = {}
     g_inputs, g_outputs = [], []
     for i, spec in enumerate(m.inputs):
@@ -242,6 +251,7 @@ def _write_bundle(out: Path, m: Model, tgt: Target, brd: Board, precision: str, 
         "verification": verification.to_json(),
         "runner": {"entry": "run.py", "files": runner_files},
         "timings_s": {k: round(v, 3) for k, v in times.items()},
+        "plan": plan,  # cost-model estimate of this build (edgekit.planner); read back to recalibrate
         "warnings": warnings,
         "notes": artifact.notes + verification.notes,
     }

@@ -115,6 +115,7 @@ class Plan:
     sensitivity: dict[str, float] = field(default_factory=dict)  # layer -> accuracy points regained in float
     build_dir: Path | None = None
     notes: list[str] = field(default_factory=list)
+    profile: Board | None = None  # the board as estimated (with calibration and --set applied)
 
     @property
     def precision(self) -> str:
@@ -144,13 +145,14 @@ class Plan:
 # ---------------------------------------------------------------- analysis
 
 
-def analyze_model(model: Any, target: Target | None = None, input_shape: list[str] | None = None):
+def analyze_model(model: Any, target: Target | None = None, input_shape: list[str] | None = None,
+                  trust_pickle: bool = False):
     """(Model, ModelStats) for a path, ``pkg.module:factory`` or loaded Model."""
     from edgekit.analyze import analyze_onnx
     from edgekit.ingest import Model, load_model
     from edgekit.onnx_graph import export_onnx
 
-    m = model if isinstance(model, Model) else load_model(model, input_shape)
+    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
     with tempfile.TemporaryDirectory(prefix="edgekit-plan-") as tmp:
         path = Path(m.onnx_path) if not m.is_torch else export_onnx(
             m, Path(tmp) / "model.onnx", (target.opset if target else None) or 18)
@@ -216,6 +218,7 @@ def choose(
     *,
     stats: ModelStats | None = None,
     input_shape: list[str] | None = None,
+    trust_pickle: bool = False,
     use_calibration: bool = True,
     prunable: bool | None = None,
 ) -> Plan:
@@ -224,7 +227,7 @@ def choose(
     if tgt is None and board.targets:
         tgt = load_target(board.targets[0])
     if stats is None:
-        m, stats = analyze_model(model, tgt, input_shape)
+        m, stats = analyze_model(model, tgt, input_shape, trust_pickle)
         if prunable is None:
             prunable = m.is_torch
     budgets = budgets or Budgets.for_board(board)
@@ -239,7 +242,7 @@ def choose(
     best = fitting[0]
     reason = _reason(best, scored, budgets)
     return Plan(board.id, tgt.name if tgt else "-", budgets, scored, best, reason, stats,
-                calibrated=brd is not board)
+                calibrated=brd is not board, profile=brd)
 
 
 def _nothing_fits(scored: list[Scored], budgets: Budgets, board: Board) -> str:
@@ -259,7 +262,7 @@ def _reason(best: Scored, scored: list[Scored], budgets: Budgets) -> str:
     less = [s for s in scored if compression_rank(s.estimate.candidate) < compression_rank(c)]
     if not less:
         return (f"{c.label}: the least compressed candidate fits every budget "
-                f"(tightest: {best.binding} at {best.usage[best.binding]:.0%} of budget)")
+                f"(tightest: {BUDGET_NAMES[best.binding]} at {best.usage[best.binding]:.0%} of budget)")
     # which budget ruled out the less compressed candidates: the one most of them exceed
     counts: dict[str, int] = {}
     for s in less:
@@ -274,14 +277,165 @@ def _reason(best: Scored, scored: list[Scored], budgets: Budgets) -> str:
             f"{_fmt(bind, best.usage[bind] * getattr(budgets, bind))}")
 
 
+def plan_section(stats: ModelStats, board: Board, precision: str, plan: Plan | None = None) -> dict[str, Any]:
+    """The manifest's ``plan``: the cost-model estimate of this build, and the planner's reason if it chose."""
+    brd = calibrated(board)
+    if plan is not None:
+        est = plan.choice.estimate
+    else:
+        est = estimate(stats, brd, Candidate(precision, brd.default_power_mode))
+    return {
+        "chosen_by": "planner" if plan is not None else "user",
+        "candidate": est.candidate.label,
+        "power_mode": est.candidate.power_mode,
+        "reason": plan.reason if plan is not None else None,
+        "calibrated": brd is not board,
+        "estimate": {k: round(getattr(est, k), 6) for k in ("latency_ms", "ram_mb", "storage_mb", "energy_mj", "power_w")},
+        "budgets": plan.budgets.to_json() if plan is not None else Budgets.for_board(board).to_json(),
+    }
+
+
 def weight_layer_names(stats: ModelStats) -> list[str]:
     return [lay.name for lay in stats.layers if lay.op in WEIGHT_OPS and lay.params > 0]
 
 
 def with_float_layers(plan: Plan, layers: list[str]) -> Scored:
     """Re-estimate the plan's choice with ``layers`` kept in fp32 (after a sensitivity step)."""
+    cand = replace(plan.candidate, float_layers=tuple(layers))
+    return score(estimate(plan.stats, plan.profile, cand), plan.budgets)
+
+
+# ---------------------------------------------------------------- build, measure, refine
+
+
+def _accuracy(runner, model, ds) -> float:
+    import numpy as np
+
+    from edgekit.verify import run_all
+
+    feeds = list(ds.batches(model))
+    n = sum(len(next(iter(f.values()))) for f in feeds)
+    out = run_all(runner, feeds)[0]
+    return float(np.mean(np.argmax(out.reshape(n, -1), axis=1) == ds.labels[:n]))
+
+
+class _Builder:
+    """Builds one candidate with the target's converter (no bundle) and measures its eval accuracy.
+
+    Used for the per-layer sensitivity scan, where a full pipeline run per layer would
+    export and verify again each time; the choice itself is built with the pipeline.
+    """
+
+    def __init__(self, model, target: Target, board: Board, eval_ds, calib_ds, work: Path) -> None:
+        from edgekit.onnx_graph import export_onnx
+
+        self.model, self.target, self.board, self.eval_ds, self.calib_ds, self.work = (
+            model, target, board, eval_ds, calib_ds, work)
+        self.float_onnx = export_onnx(model, work / "float.onnx", target.opset or 18) if model.is_torch else None
+        self.float_accuracy = _accuracy(model.reference(), model, eval_ds)
+        self.n = 0
+
+    def accuracy(self, precision: str, float_layers: list[str]) -> float:
+        from edgekit.converters import ConvertJob, get_converter
+
+        self.n += 1
+        out, work = self.work / f"b{self.n}", self.work / f"w{self.n}"
+        out.mkdir()
+        work.mkdir()
+        job = ConvertJob(model=self.model, target=self.target, board=self.board, precision=precision,
+                         calib=self.calib_ds, out_dir=out, work_dir=work,
+                         options={"opset": None, "keep_float_nodes": list(float_layers)},
+                         log=lambda m: None, warn=lambda m: None)
+        if self.float_onnx is not None:
+            job.float_onnx = self.float_onnx
+        conv = get_converter(self.target.converter)
+        art = conv.convert(job)
+        return _accuracy(conv.host_runner(job, art), self.model, self.eval_ds)
+
+
+def _pipeline_accuracy(plan: Plan, model, out: Path, precision: str, float_layers: list[str], *, eval_data: str,
+                       calib: str | None, input_shape, board_set, log) -> tuple[float, float]:
+    """Build with edgekit.pipeline.convert into ``out``; (float accuracy, converted accuracy)."""
+    import json
+
+    from edgekit.errors import VerificationError
+    from edgekit.pipeline import convert
+
+    try:
+        convert(model, target=plan.target, out=out, board=plan.board, precision=precision,
+                calib=calib, eval_data=eval_data, input_shape=input_shape, board_set=board_set,
+                options={"keep_float_nodes": list(float_layers)} if float_layers else None,
+                log=lambda m: None, warn=log)
+    except VerificationError as exc:  # the build is kept; the accuracy budget decides below
+        log(f"host verification: {exc}")
+    v = json.loads((out / "manifest.json").read_text())["verification"]
+    return v["float_accuracy"], v["converted_accuracy"]
+
+
+def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, input_shape: list[str] | None = None,
+           board_set: list[str] | None = None, out: str | Path | None = None, max_steps: int = 8,
+           log=lambda m: None) -> Plan:
+    """Build the choice, measure its accuracy on ``eval_data``; while the drop is over budget,
+    keep the most quantization-sensitive layers in float (estimates re-checked each step)."""
+    from edgekit.data import load_npz
+    from edgekit.ingest import load_model
     from edgekit.profiles import load_board
 
-    brd = calibrated(load_board(plan.board)) if plan.calibrated else load_board(plan.board)
-    cand = replace(plan.candidate, float_layers=tuple(layers))
-    return score(estimate(plan.stats, brd, cand), plan.budgets)
+    budget = plan.budgets.accuracy_drop_points
+    cand = plan.candidate
+    if cand.precision == "int8" and calib is None:
+        raise PlanError("the plan chose int8: give --calib FILE.npz (real inputs) so the INT8 build can be calibrated")
+    if cand.prune_ratio or cand.sparsity:
+        raise PlanError(f"the plan chose {cand.label}, which needs pruning; building pruned models with --eval is not "
+                        "supported yet — relax the budget that binds, or plan without --eval")
+    with tempfile.TemporaryDirectory(prefix="edgekit-refine-") as tmp:
+        work = Path(tmp)
+        build = Path(out) if out else work / "build"
+        opts = dict(eval_data=eval_data, calib=calib, input_shape=input_shape, board_set=board_set, log=log)
+        fa, ca = _pipeline_accuracy(plan, model, build, cand.precision, [], **opts)
+        plan.eval_steps.append(EvalStep([], ca, fa, 100 * (fa - ca)))
+        log(f"{cand.label}: accuracy {ca:.2%} (float {fa:.2%}, drop {100 * (fa - ca):.2f} points, budget {budget})")
+        if 100 * (fa - ca) <= budget + 1e-9:
+            plan.reason += f"; measured accuracy drop {100 * (fa - ca):.2f} points is within the {budget} point budget"
+            plan.build_dir = build if out else None
+            return plan
+        if cand.precision != "int8":
+            raise PlanError(f"accuracy drop budget {budget} points cannot be met: {cand.label} loses "
+                            f"{100 * (fa - ca):.2f} points (+{100 * (fa - ca) - budget:.2f}); relax --max-accuracy-drop")
+        # per-layer sensitivity: accuracy regained by keeping one layer in float
+        m = load_model(model, input_shape)
+        tgt = load_target(plan.target)
+        brd = load_board(plan.board, board_set)
+        eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval")
+        calib_ds = load_npz(calib, m, what="--calib") if calib else None
+        b = _Builder(m, tgt, brd, eval_ds, calib_ds, work)
+        base = b.accuracy(cand.precision, [])
+        names = weight_layer_names(plan.stats)
+        gain = {name: 100 * (b.accuracy(cand.precision, [name]) - base) for name in names}
+        plan.sensitivity = dict(sorted(gain.items(), key=lambda kv: -kv[1]))
+        log("sensitivity (points regained in float): " + ", ".join(f"{k} {v:+.2f}" for k, v in plan.sensitivity.items()))
+        kept: list[str] = []
+        for name in list(plan.sensitivity)[:max_steps]:
+            kept.append(name)
+            scored = with_float_layers(plan, kept)
+            if not scored.fits:
+                k, v = next(iter(scored.over.items()))
+                raise PlanError(f"accuracy drop budget {budget} points cannot be met within the other budgets: keeping "
+                                f"{len(kept)} layer(s) float exceeds the {BUDGET_NAMES[k]} budget by {_fmt(k, v)}")
+            acc = b.accuracy(cand.precision, kept)
+            log(f"{len(kept)} layer(s) float: accuracy {acc:.2%} (drop {100 * (b.float_accuracy - acc):.2f} points)")
+            if 100 * (b.float_accuracy - acc) <= budget + 1e-9:
+                break
+        # re-check with the pipeline (the real build)
+        fa, ca = _pipeline_accuracy(plan, model, build, cand.precision, kept, **opts)
+        drop = 100 * (fa - ca)
+        plan.eval_steps.append(EvalStep(list(kept), ca, fa, drop))
+        if drop > budget + 1e-9:
+            raise PlanError(f"accuracy drop budget {budget} points cannot be met: with {len(kept)} sensitive layer(s) "
+                            f"kept float, {cand.precision} still loses {drop:.2f} points (+{drop - budget:.2f}); "
+                            "relax --max-accuracy-drop or a size/latency budget so a wider precision fits")
+        plan.choice = with_float_layers(plan, kept)
+        plan.reason += (f"; measured accuracy drop was over the {budget} point budget, so the {len(kept)} most "
+                        f"sensitive layer(s) ({', '.join(kept)}) stay fp32: drop now {drop:.2f} points")
+        plan.build_dir = build if out else None
+    return plan
