@@ -1,0 +1,420 @@
+"""Android / Linux-ARM: a ``.tflite`` model written by litert-torch, verified in LiteRT.
+
+fp32           litert-torch straight from the torch.export program (no TensorFlow).
+fp16           fp32 model with fp16 conv/linear weights (ai-edge-quantizer FLOAT_CASTING,
+               explicit DEQUANTIZE): half the weight bytes, float compute, float I/O.
+int8-dynamic   PT2E dynamic config: int8 per-channel weights, activations quantized at run
+               time inside the kernels (no calibration), float I/O.
+int8           full integer: PT2E static config (per-channel symmetric int8 weights,
+               per-tensor affine int8 activations, HistogramObserver ranges calibrated on
+               --calib), int8 input and output tensors. litert-torch's add annotator misses
+               residual ADDs (MobileNetV2 blocks), which then stay float between DEQUANTIZE
+               and QUANTIZE; edgekit annotates every ``aten.add`` itself, and audits every
+               op's tensor types after converting: a float op fails the build with the op
+               list unless ``allow_float_fallback`` is set.
+
+Options (``--option key=value``): ``layout=nhwc`` (NHWC input/output, no TRANSPOSE at the
+edges; the host verifier transposes the NCHW golden data), ``allow_float_fallback=true``,
+``threads=N`` (host interpreter threads for verification, default 2).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import statistics
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.converters import Artifact, ConvertJob, Runner
+from edgekit.deps import require, toolchain_versions
+from edgekit.errors import ConversionError, InputSpecError
+
+PRIMARY = "model.tflite"
+EXTRA = "android"
+
+# TFLite builtins with int8 kernels that XNNPACK (CPU), the GPU delegate (via dequant) and
+# NNAPI take (TFLite op versions docs, xnnpack/README.md "Quantized operators").
+INT8_DELEGATE_OPS = {
+    "ADD", "AVERAGE_POOL_2D", "CONCATENATION", "CONV_2D", "DEPTHWISE_CONV_2D", "DEPTH_TO_SPACE",
+    "FULLY_CONNECTED", "HARD_SWISH", "LEAKY_RELU", "LOGISTIC", "MAX_POOL_2D", "MAXIMUM", "MEAN",
+    "MINIMUM", "MUL", "PAD", "PADV2", "RELU", "RELU6", "RELU_N1_TO_1", "RESHAPE", "RESIZE_BILINEAR",
+    "RESIZE_NEAREST_NEIGHBOR", "SLICE", "SOFTMAX", "SPACE_TO_DEPTH", "SPLIT", "SQUEEZE",
+    "STRIDED_SLICE", "SUB", "TANH", "TRANSPOSE", "TRANSPOSE_CONV", "ELU", "PRELU", "BATCH_MATMUL",
+}
+_FLOAT_TYPES = {"FLOAT32", "FLOAT16", "FLOAT64"}
+
+
+def _quiet():
+    """litert-torch prints a progress tree and absl logs; keep the CLI readable."""
+    stack = contextlib.ExitStack()
+    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
+    stack.enter_context(warnings.catch_warnings())
+    warnings.simplefilter("ignore")
+    logging.getLogger().setLevel(logging.ERROR)
+    return stack
+
+
+def _litert_torch():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return require("litert_torch", EXTRA)
+
+
+# ---------------------------------------------------------------- PT2E quantizer
+
+
+def _quantizer(dynamic: bool):
+    """litert-torch's PT2EQuantizer, with every residual ``aten.add`` annotated."""
+    torch = require("torch")
+    pq = require("litert_torch.quantize.pt2e_quantizer", EXTRA)
+    from litert_torch.quantize.pt2e_quantizer_utils import (
+        get_input_act_qspec,
+        get_output_act_qspec,
+        propagate_annotation,
+    )
+    from torchao.quantization.pt2e.quantizer import QuantizationAnnotation
+
+    class EdgekitPT2EQuantizer(pq.PT2EQuantizer):
+        fixed_adds = 0
+
+        def annotate(self, model):
+            if dynamic:
+                return super().annotate(model)
+            model = self._annotate_for_static_quantization_config(model)
+            cfg = self.global_config
+            # The stock "add" annotator works on source partitions, and an ADD whose input is
+            # another ADD lands in the same partition, of which only output_nodes[0] is
+            # annotated: the rest stay float (DEQUANTIZE -> ADD -> QUANTIZE in the .tflite).
+            for n in model.graph.nodes:
+                if (n.op == "call_function" and n.target in (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
+                        and "quantization_annotation" not in n.meta
+                        and all(isinstance(a, torch.fx.Node) for a in n.args[:2])):
+                    n.meta["quantization_annotation"] = QuantizationAnnotation(
+                        input_qspec_map={a: get_input_act_qspec(cfg) for a in n.args[:2]},
+                        output_qspec=get_output_act_qspec(cfg), _annotated=True,
+                    )
+                    self.fixed_adds += 1
+            propagate_annotation(model)
+            return model
+
+    q = EdgekitPT2EQuantizer().set_global(pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic))
+    return q
+
+
+# ---------------------------------------------------------------- audit
+
+
+def audit(path: Path) -> dict[str, Any]:
+    """Every op of the .tflite with its tensor types; float ops, TRANSPOSEs and where they sit."""
+    s = require("ai_edge_litert.schema_py_generated", EXTRA)
+    model = s.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
+    type_names = {v: k for k, v in vars(s.TensorType).items() if not k.startswith("_")}
+    sg = model.subgraphs[0]
+    graph_in, graph_out = set(sg.inputs), set(sg.outputs)
+
+    def tname(i: int) -> str:
+        t = sg.tensors[i].name
+        return t.decode(errors="replace") if isinstance(t, bytes) else str(t)
+
+    ops, counts = [], {}
+    for k, op in enumerate(sg.operators):
+        oc = model.operatorCodes[op.opcodeIndex]
+        name = op_names.get(max(oc.builtinCode, oc.deprecatedBuiltinCode), "CUSTOM")
+        if name == "CUSTOM" and oc.customCode:
+            name = f"CUSTOM:{oc.customCode.decode() if isinstance(oc.customCode, bytes) else oc.customCode}"
+        ins = [i for i in (op.inputs if op.inputs is not None else []) if i >= 0]
+        outs = list(op.outputs if op.outputs is not None else [])
+        # constant inputs (weights, biases, shapes) have a buffer; activations do not
+        act_ins = [i for i in ins if not _is_const(model, sg, i)]
+        types = sorted({type_names[sg.tensors[i].type] for i in act_ins + outs})
+        counts[name] = counts.get(name, 0) + 1
+        ops.append({"index": k, "op": name, "types": types, "node": tname(outs[0]) if outs else "",
+                    "at_input": any(i in graph_in for i in ins), "at_output": any(o in graph_out for o in outs)})
+    float_ops = [o for o in ops if set(o["types"]) & _FLOAT_TYPES]
+    transposes = [o for o in ops if o["op"] == "TRANSPOSE"]
+    edge = [o for o in transposes if o["at_input"] or o["at_output"]]
+    io_t = {"inputs": [_tensor_info(sg.tensors[i], type_names) for i in sg.inputs],
+            "outputs": [_tensor_info(sg.tensors[i], type_names) for i in sg.outputs]}
+    return {
+        "ops": ops, "op_counts": counts, "float_ops": float_ops,
+        "transpose": {"total": len(transposes), "at_edges": len(edge), "interior": len(transposes) - len(edge)},
+        "not_delegable_int8": sorted({o["op"] for o in ops if o["op"] not in INT8_DELEGATE_OPS
+                                      and o["op"] not in ("QUANTIZE", "DEQUANTIZE")}),
+        "io": io_t,
+    }
+
+
+def _is_const(model, sg, i: int) -> bool:
+    b = sg.tensors[i].buffer
+    if not 0 < b < len(model.buffers):
+        return False
+    buf = model.buffers[b]
+    return (buf.data is not None and len(buf.data) > 0) or bool(getattr(buf, "size", 0))
+
+
+def _tensor_info(t, type_names) -> dict[str, Any]:
+    q = t.quantization
+    scale = [float(x) for x in q.scale] if q is not None and q.scale is not None else []
+    zp = [int(x) for x in q.zeroPoint] if q is not None and q.zeroPoint is not None else []
+    name = t.name.decode(errors="replace") if isinstance(t.name, bytes) else str(t.name)
+    return {"name": name, "dtype": type_names[t.type].lower(), "shape": [int(d) for d in t.shape],
+            "scale": scale[0] if len(scale) == 1 else (scale or None),
+            "zero_point": zp[0] if len(zp) == 1 else (zp or None)}
+
+
+def format_float_ops(float_ops: list[dict[str, Any]], limit: int = 12) -> str:
+    shown = [f"{o['op']} ({'/'.join(o['types'])}, node {o['node'][-80:]})" for o in float_ops[:limit]]
+    more = f" and {len(float_ops) - limit} more" if len(float_ops) > limit else ""
+    return "; ".join(shown) + more
+
+
+# ---------------------------------------------------------------- converter
+
+
+class TFLiteConverter:
+    name = "tflite"
+
+    def convert(self, job: ConvertJob) -> Artifact:
+        m = job.model
+        if not m.is_torch or m.torch_module is None:
+            raise ConversionError(
+                f"{m.source}: the android target converts PyTorch models (.pt2, TorchScript, pkg.module:factory); "
+                "ONNX input is not taken: export the torch model with torch.export.save"
+            )
+        layout = str(job.options.get("layout") or "nchw").lower()
+        if layout not in ("nchw", "nhwc"):
+            raise ConversionError(f"--option layout={layout}: choose nchw (as the torch model) or nhwc")
+        allow_fallback = _truthy(job.options.get("allow_float_fallback"))
+        torch = require("torch")
+        lt = _litert_torch()
+        dest = job.out_dir / PRIMARY
+        sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+        module = self._module(job)
+        meta: dict[str, Any] = {"layout": layout, "converter": "litert-torch"}
+        notes: list[str] = []
+        t0 = time.perf_counter()
+        if job.precision in ("fp32", "fp16"):
+            edge = self._lower(lt, module, sample, layout, None, m)
+            with _quiet():
+                edge.export(str(job.work_dir / "float.tflite") if job.precision == "fp16" else str(dest))
+            if job.precision == "fp16":
+                meta["quantization"] = self._fp16(job.work_dir / "float.tflite", dest)
+        elif job.precision in ("int8-dynamic", "int8"):
+            meta["quantization"], edge = self._pt2e(job, lt, module, sample, layout, dynamic=job.precision != "int8")
+            with _quiet():
+                edge.export(str(dest))
+        else:
+            raise ConversionError(
+                f"precision {job.precision!r} is not offered by the android target (fp32, fp16, int8-dynamic, int8)"
+            )
+        meta["conversion_s"] = round(time.perf_counter() - t0, 2)
+        rep = audit(dest)
+        meta["io"] = rep["io"]
+        meta["op_counts"] = rep["op_counts"]
+        meta["transpose"] = rep["transpose"]
+        meta["float_ops"] = [{k: o[k] for k in ("op", "types", "node")} for o in rep["float_ops"]]
+        meta["not_delegable_int8"] = rep["not_delegable_int8"]
+        job.log(f"{PRIMARY}: {sum(rep['op_counts'].values())} ops "
+                + ", ".join(f"{k}x{n}" for k, n in sorted(rep["op_counts"].items()))
+                + f"; TRANSPOSE {rep['transpose']['total']} ({rep['transpose']['at_edges']} at the edges)")
+        if rep["transpose"]["interior"]:
+            job.warn(f"{rep['transpose']['interior']} TRANSPOSE op(s) inside the graph cost time at run time")
+        if job.precision == "int8":
+            meta["full_integer"] = not rep["float_ops"]
+            if rep["float_ops"]:
+                listed = format_float_ops(rep["float_ops"])
+                if not allow_fallback:
+                    raise ConversionError(
+                        f"full-integer int8 was asked but {len(rep['float_ops'])} op(s) run in float: {listed}; "
+                        "replace those layers, or pass --option allow_float_fallback=true to accept them"
+                    )
+                job.warn(f"{len(rep['float_ops'])} op(s) stay float (allowed by allow_float_fallback): {listed}")
+            else:
+                notes.append("full integer: every op takes and gives int8 tensors "
+                             f"(input scale {rep['io']['inputs'][0]['scale']:.6g}, "
+                             f"zero point {rep['io']['inputs'][0]['zero_point']})")
+        threads = int(job.options.get("threads") or 2)
+        meta["host_latency_ms"] = self._latency(dest, (1, 2))
+        meta["verify_threads"] = threads
+        notes.append("LiteRT interpreter on this host (XNNPACK), median latency: "
+                     + ", ".join(f"{k} thread(s) {v:.3f} ms" for k, v in meta["host_latency_ms"].items()))
+        return Artifact(
+            format="tflite", precision=job.precision, primary=PRIMARY, files=[PRIMARY],
+            runtime=f"ai-edge-litert {_dist_version('ai-edge-litert')} interpreter (XNNPACK, {threads} threads)",
+            meta=meta, notes=notes,
+        )
+
+    # -- steps
+
+    def _module(self, job: ConvertJob):
+        m = job.model
+        if m.exported is not None:
+            return m.exported.module()
+        return m.torch_module
+
+    def _lower(self, lt, module, sample, layout, quant_config, m):
+        if layout == "nhwc":
+            idx_in = [i for i, s in enumerate(m.inputs) if len(s.shape) == 4]
+            idx_out = [i for i, s in enumerate(m.outputs) if len(s.shape) == 4]
+            module = lt.to_channel_last_io(module, args=idx_in, outputs=idx_out)
+            sample = tuple(x.permute(0, 2, 3, 1).contiguous() if x.dim() == 4 else x for x in sample)
+        try:
+            with _quiet():
+                return lt.convert(module, sample, quant_config=quant_config)
+        except Exception as exc:  # torch.export / lowering raise many types
+            raise ConversionError(_explain_export_failure(exc, m.source)) from None
+
+    def _fp16(self, src: Path, dest: Path) -> dict[str, Any]:
+        aq = require("ai_edge_quantizer.quantizer", EXTRA)
+        qt = require("ai_edge_quantizer.qtyping", EXTRA)
+        q = aq.Quantizer(str(src))
+        for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", "BATCH_MATMUL"):
+            q.update_quantization_recipe(
+                regex=".*", algorithm_key=aq.AlgorithmName.FLOAT_CASTING,
+                operation_name=getattr(qt.TFLOperationName, op),
+                op_config=qt.OpQuantizationConfig(
+                    weight_tensor_config=qt.TensorQuantizationConfig(num_bits=16, dtype=qt.TensorDataType.FLOAT),
+                    compute_precision=qt.ComputePrecision.FLOAT, explicit_dequantize=True,
+                ),
+            )
+        with _quiet():
+            res = q.quantize(enable_progress_report=False)
+        dest.write_bytes(bytes(res.quantized_model))
+        return {"tool": "ai-edge-quantizer FLOAT_CASTING", "weights": "fp16 (conv, depthwise, linear)",
+                "activations": "fp32", "io": "float32"}
+
+    def _pt2e(self, job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
+        torch = require("torch")
+        qc = require("litert_torch.quantize.quant_config", EXTRA)
+        from torchao.quantization.pt2e import quantize_pt2e
+
+        m = job.model
+        q = _quantizer(dynamic)
+        if m.exported is None:
+            try:
+                module = torch.export.export(module, sample).module()
+            except Exception as exc:
+                raise ConversionError(_explain_export_failure(exc, m.source)) from None
+        n_batches = 0
+        with _quiet():
+            prepared = quantize_pt2e.prepare_pt2e(module, q)
+            with torch.no_grad():
+                if dynamic:
+                    prepared(*sample)
+                else:
+                    assert job.calib is not None  # the pipeline refuses int8 without --calib
+                    for feed in job.calib.batches(m):
+                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
+                        n_batches += 1
+            converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=False)
+        if not dynamic and n_batches == 0:
+            raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+        edge = self._lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
+        info: dict[str, Any] = {
+            "tool": "litert-torch PT2E " + ("dynamic" if dynamic else "static"),
+            "weights": "int8 symmetric per-channel",
+            "activations": "int8 quantized at run time (dynamic range)" if dynamic else "int8 per-tensor affine (HistogramObserver)",
+            "io": "float32" if dynamic else "int8",
+        }
+        if not dynamic:
+            info.update({"calibration_batches": n_batches, "calibration_source": job.calib.source,
+                         "residual_adds_annotated_by_edgekit": q.fixed_adds})
+            job.log(f"PT2E calibrated on {n_batches} batches; {q.fixed_adds} ADD(s) annotated for int8")
+        return info, edge
+
+    def _latency(self, path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:
+        out = {}
+        for t in threads:
+            interp = _interpreter(path, t)
+            for d in interp.get_input_details():
+                interp.set_tensor(d["index"], np.zeros(d["shape"], dtype=d["dtype"]))
+            for _ in range(5):
+                interp.invoke()
+            times = []
+            for _ in range(iters):
+                t0 = time.perf_counter()
+                interp.invoke()
+                times.append((time.perf_counter() - t0) * 1000)
+            out[str(t)] = round(statistics.median(times), 4)
+        return out
+
+    def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner:
+        interp = _interpreter(job.out_dir / artifact.primary, int(job.options.get("threads") or 2))
+        ins, outs = interp.get_input_details(), interp.get_output_details()
+        nhwc = artifact.meta.get("layout") == "nhwc"
+        names = [s.name for s in job.model.inputs]
+
+        def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            for name, d in zip(names, ins, strict=True):
+                x = np.asarray(feeds[name], dtype=np.float32)
+                if nhwc and x.ndim == 4:
+                    x = x.transpose(0, 2, 3, 1)
+                interp.set_tensor(d["index"], quantize(x, d))
+            interp.invoke()
+            res = []
+            for d in outs:
+                y = dequantize(interp.get_tensor(d["index"]), d)
+                if nhwc and y.ndim == 4:
+                    y = y.transpose(0, 3, 1, 2)
+                res.append(y)
+            return res
+
+        return run
+
+    @staticmethod
+    def versions() -> dict[str, str]:
+        return toolchain_versions("torch", "litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer",
+                                  "torchao")
+
+
+def quantize(x: np.ndarray, detail: dict) -> np.ndarray:
+    """float -> the input tensor's dtype with its scale and zero point (identity for float inputs)."""
+    dt = np.dtype(detail["dtype"])
+    scale, zp = detail["quantization"]
+    if dt.kind == "f" or not scale:
+        return np.ascontiguousarray(x, dtype=dt)
+    info = np.iinfo(dt)
+    return np.clip(np.round(x / scale) + zp, info.min, info.max).astype(dt)
+
+
+def dequantize(y: np.ndarray, detail: dict) -> np.ndarray:
+    scale, zp = detail["quantization"]
+    if np.dtype(detail["dtype"]).kind == "f" or not scale:
+        return np.asarray(y, dtype=np.float32).copy()
+    return ((y.astype(np.float32) - zp) * scale).astype(np.float32)
+
+
+def _interpreter(path: Path, threads: int):
+    litert = require("ai_edge_litert.interpreter", EXTRA)
+    interp = litert.Interpreter(model_path=str(path), num_threads=threads)  # XNNPACK is applied by default
+    interp.allocate_tensors()
+    return interp
+
+
+def _truthy(v: Any) -> bool:
+    return v is True or str(v).lower() in ("1", "true", "yes", "on")
+
+
+def _dist_version(dist: str) -> str:
+    return toolchain_versions(dist).get(dist, "?")
+
+
+def _explain_export_failure(exc: Exception, source: str) -> str:
+    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:240] if str(exc).strip() else ''}"
+    low = str(exc).lower()
+    if any(k in low for k in ("data-dependent", "data dependent", "guardonDataDependent".lower(), "could not guard",
+                              "dynamic control flow", "unbacked")):
+        return (f"{source}: torch.export cannot capture the model: data-dependent control flow ({text}); "
+                "rewrite the branch with torch.cond / torch.where, export with fixed input shapes, "
+                "or give a .pt2 ExportedProgram saved from a model that exports")
+    return f"{source}: litert-torch could not convert the model ({text})"
+
+
+CONVERTER = TFLiteConverter()
