@@ -99,12 +99,31 @@ class Sshd:
         raise RuntimeError("sshd did not start listening")
 
     def stop(self) -> None:
-        """Kill the listener and every session process it forked (their process group)."""
+        """Kill the listener and every session process it forked (SIGKILL: no goodbye to clients)."""
         if self.proc is None:
             return
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in [self.proc.pid, *_descendants(self.proc.pid)]:  # sessions call setsid(): not in our group
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         self.proc.wait(10)
         self.proc = None
+
+
+def _descendants(root: int) -> list[int]:
+    parent: dict[int, int] = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                stat = Path(f"/proc/{d}/stat").read_text()
+            except OSError:
+                continue
+            parent[int(d)] = int(stat.rpartition(")")[2].split()[1])
+    out, todo = [], [root]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p]
+        out += kids
+        todo += kids
+    return out
