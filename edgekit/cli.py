@@ -96,8 +96,10 @@ def convert(
         console.print(f"accuracy ({v.eval_samples} samples): float {v.float_accuracy:.2%} → "
                       f"{man['precision']} {v.converted_accuracy:.2%}")
     prim = man["artifact"]["primary"]
+    # the primary artifact may be a folder (a Core ML .mlpackage): sum its files
+    prim_bytes = sum(f["bytes"] for k, f in man["files"].items() if k == prim or k.startswith(prim + "/"))
     console.print(f"[bold green]converted[/] {man['source_model']['path']} → {res.out_dir / prim} "
-                  f"({_mb(man['files'][prim]['bytes'])}, {man['precision']}, board {man['board']['id']})")
+                  f"({_mb(prim_bytes)}, {man['precision']}, board {man['board']['id']})")
     for n in res.notes:
         console.print(f"[dim]note: {n}[/]")
     console.print(f"report: {res.out_dir / 'report.md'}   board smoke test: python3 run.py (in the bundle)")

@@ -19,8 +19,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from edgekit.errors import ProfileError
 
-Precision = Literal["fp32", "fp16", "int8", "int8-weight", "int4-weight"]
-PRECISION_ORDER: tuple[str, ...] = ("fp32", "fp16", "int8-weight", "int8", "int4-weight")
+# int6-weight (6-bit weights, e.g. Core ML k-means palettization) and prune-50 (50 % magnitude
+# sparsity, fp16 values + 1-bit mask) are weight-only formats added for the iOS target.
+Precision = Literal["fp32", "fp16", "int8", "int8-weight", "int4-weight", "int6-weight", "prune-50"]
+PRECISION_ORDER: tuple[str, ...] = ("fp32", "fp16", "int8-weight", "int8", "int6-weight", "int4-weight", "prune-50")
 
 
 class _Strict(BaseModel):
@@ -73,6 +75,8 @@ class Board(_Strict):
     )
     launch_overhead_us: float = Field(default=0, ge=0, description="per-layer launch overhead (cost model)")
     sparsity_2_4: bool = Field(default=False, description="2:4 structured sparsity runs at 2x tensor rate (Ampere+)")
+    min_ios: int | None = Field(default=None, ge=13, le=30, description="oldest iOS/iPadOS the app supports on this "
+                                "device: the Core ML deployment target (Apple boards only)")
     notes: list[str] = Field(default_factory=list)
 
     @property

@@ -1,0 +1,422 @@
+"""iOS / Core ML: an ML program (``.mlpackage``) converted with coremltools.
+
+Route: torch.export ExportedProgram -> ``run_decompositions({})`` -> ``coremltools.convert``
+(TorchScript ``torch.jit.trace`` only as a fallback when torch.export refuses the model).
+The deployment target comes from the board's ``min_ios``; a precision that needs a newer
+iOS than the board's is refused with the fix (``--set min_ios=N``) rather than raised
+silently (coremltools would silently lift an iOS 15 model to iOS 16 when compressing).
+
+Precisions (compression through ``coremltools.optimize.coreml``, applied to the fp16
+program; weights below ``weight_threshold`` elements stay fp16):
+
+============ ============================================================ =======
+precision    what                                                         min iOS
+============ ============================================================ =======
+fp32         fp32 compute (runs on GPU/CPU: the ANE computes in fp16 only)   15
+fp16         fp16 compute, fp32 inputs/outputs (default)                     15
+int8-weight  ``linear_quantize_weights``: int8 symmetric per-channel         16
+int6-weight  ``palettize_weights``: 6-bit k-means LUT per tensor             16
+int4-weight  ``palettize_weights``: 4-bit k-means LUT per tensor             16
+prune-50     ``prune_weights``: magnitude, 50 % sparsity, fp16 non-zeros     16
+int8         W8A8: ``linear_quantize_activations`` on --calib + int8         17
+             weights; the calibration runs Core ML predict: macOS only
+============ ============================================================ =======
+
+"4-bit weights" on Core ML means palettization: a 16-entry k-means look-up table per
+tensor keeps accuracy better than a uniform int4 grid and runs from iOS 16 (linear int4
+needs iOS 18), so ``int4-weight`` maps onto it; ``int6-weight`` is the 6-bit variant.
+
+On Linux, verification runs the package's decompressed MIL program in torch
+(:mod:`edgekit.converters.coreml_mil`); on macOS it runs Core ML ``predict``.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections import Counter
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.converters import Artifact, ConvertJob, Runner
+from edgekit.deps import require, toolchain_versions
+from edgekit.errors import ConversionError, ProfileError, UnsupportedOpError, VerificationError
+
+PRIMARY = "model.mlpackage"
+EXTRA = "ios"
+WEIGHT_THRESHOLD = 2048  # coremltools' default: smaller tensors are not worth compressing
+
+
+@dataclass(frozen=True)
+class Compression:
+    method: str | None  # None | linear | palettize | prune | w8a8
+    bits: float  # storage bits per compressed weight element (incl. mask for pruning)
+    min_ios: int
+    describe: str
+
+
+COMPRESSIONS: dict[str, Compression] = {
+    "fp32": Compression(None, 32, 15, "fp32 weights and compute"),
+    "fp16": Compression(None, 16, 15, "fp16 weights and compute, fp32 I/O"),
+    "int8-weight": Compression("linear", 8, 16, "int8 symmetric per-channel weights (linear_quantize_weights)"),
+    "int6-weight": Compression("palettize", 6, 16, "6-bit k-means palettized weights (per-tensor LUT)"),
+    "int4-weight": Compression("palettize", 4, 16, "4-bit k-means palettized weights (per-tensor LUT)"),
+    "prune-50": Compression("prune", 9, 16, "50% magnitude-pruned weights: 1-bit mask + fp16 non-zeros"),
+    "int8": Compression("w8a8", 8, 17, "W8A8: int8 activations calibrated with Core ML predict + int8 weights"),
+}
+
+
+def _ct():
+    return require("coremltools", EXTRA)
+
+
+def deployment_target(job: ConvertJob) -> int:
+    comp = COMPRESSIONS[job.precision]
+    board_ios = job.board.min_ios
+    if board_ios is None:
+        raise ProfileError(f"board {job.board.id} has no min_ios; give it with --set min_ios=17")
+    if board_ios < comp.min_ios:
+        raise ProfileError(
+            f"precision {job.precision} needs Core ML for iOS {comp.min_ios}+, but board {job.board.id} "
+            f"targets iOS {board_ios}; raise it with --set min_ios={comp.min_ios} (drops older devices) "
+            f"or choose fp16"
+        )
+    if board_ios > 18:
+        return 18  # the newest target coremltools 9 writes; newer iOS run iOS 18 programs
+    return board_ios
+
+
+class CoreMLConverter:
+    name = "coreml"
+
+    def convert(self, job: ConvertJob) -> Artifact:
+        ct = _ct()
+        if job.precision not in COMPRESSIONS:
+            raise ConversionError(f"precision {job.precision!r} is not offered by Core ML; one of {list(COMPRESSIONS)}")
+        comp = COMPRESSIONS[job.precision]
+        ios = deployment_target(job)
+        if comp.method == "w8a8" and sys.platform != "darwin":
+            raise ConversionError(
+                "precision int8 (W8A8) calibrates activations by running Core ML predict, which exists only on macOS; "
+                "run this conversion on a Mac, or choose int8-weight or int4-weight on Linux"
+            )
+        t0 = time.perf_counter()
+        mlmodel, source_route = self._convert_torch(job, ct, ios)
+        t_convert = time.perf_counter() - t0
+        job.log(f"coremltools {ct.__version__}: ML program for iOS {ios} via {source_route} in {t_convert:.2f} s")
+        t1 = time.perf_counter()
+        threshold = int(job.options.get("weight_threshold") or WEIGHT_THRESHOLD)
+        mlmodel = self._compress(job, mlmodel, comp, threshold)
+        t_compress = time.perf_counter() - t1
+        if comp.method:
+            job.log(f"{job.precision}: {comp.describe} in {t_compress:.2f} s")
+        _describe(mlmodel, job)
+        dest = job.out_dir / PRIMARY
+        mlmodel.save(str(dest))
+        checks = linux_checks(job, dest, comp, threshold)
+        job.log(f"package: weight.bin {checks['weights']['measured_bytes']:,} B "
+                f"(expected {checks['weights']['expected_bytes']:,} B), {sum(checks['op_counts'].values())} MIL ops")
+        for flag in checks["ane_flags"]:
+            job.warn(f"Neural Engine: {flag}")
+        files = sorted(p.relative_to(job.out_dir).as_posix() for p in dest.rglob("*") if p.is_file())
+        notes = [
+            "Linux checks (no Core ML here): the spec loads; input/output names, shapes and types match the source "
+            "model; MIL op list recorded; weight-file bytes match the requested compression; ops known to keep the "
+            "model off the Neural Engine flagged "
+            f"({len(checks['ane_flags'])} found).",
+        ]
+        if sys.platform != "darwin":
+            notes.append(
+                "Numbers in the verification come from the package's decompressed MIL program run in torch (fp32 "
+                "arithmetic, fp16 storage rounding): they measure the conversion and the weight compression read back "
+                "from the package, not Core ML's own fp16 arithmetic. Unverified on Linux: Core ML predict, "
+                "compilation, Neural Engine placement and latency -- run `python3 run.py` on a Mac or the XCTest on "
+                "a device (see README.md)."
+            )
+        return Artifact(
+            format="mlpackage",
+            precision=job.precision,
+            primary=PRIMARY,
+            files=files,
+            runtime=_host_runtime_name(ct),
+            meta={
+                "minimum_deployment_target": f"iOS{ios}",
+                "compute_precision": "fp32" if job.precision == "fp32" else "fp16",
+                "source_route": source_route,
+                "compression": {"method": comp.method, "describe": comp.describe, "weight_threshold": threshold,
+                                "storage_bits": comp.bits},
+                "conversion_s": round(t_convert, 3),
+                "compression_s": round(t_compress, 3),
+                "linux_checks": checks,
+            },
+            notes=notes,
+        )
+
+    # ---------------------------------------------------------------- conversion
+
+    def _convert_torch(self, job: ConvertJob, ct, ios: int):
+        torch = require("torch")
+        m = job.model
+        if not m.is_torch:
+            raise ConversionError(
+                f"{m.source}: Core ML converts torch models (coremltools dropped its ONNX frontend); "
+                "give the .pt2 / TorchScript / pkg.module:factory the ONNX came from"
+            )
+        inputs = [ct.TensorType(name=s.name, shape=s.shape, dtype=np.float32) for s in m.inputs]
+        outputs = [ct.TensorType(name=s.name, dtype=np.float32) for s in m.outputs]
+        target = getattr(ct.target, f"iOS{ios}")
+        precision = ct.precision.FLOAT32 if job.precision == "fp32" else ct.precision.FLOAT16
+        route = "torch.export"
+        ep = None
+        if m.kind == "torchscript":
+            source, route = m.torch_module, "TorchScript"
+        else:
+            ep = m.exported
+            if ep is None:
+                example = tuple(torch.from_numpy(a) for a in m.example_feeds().values())
+                try:
+                    ep = torch.export.export(m.torch_module, example)
+                except Exception as exc:  # torch.export refuses some Python constructs: fall back
+                    job.warn(f"torch.export failed ({type(exc).__name__}: {str(exc).splitlines()[0][:160]}); "
+                             "falling back to torch.jit.trace")
+                    ep = None
+            if ep is not None:
+                source = ep.run_decompositions({})
+            else:
+                with torch.no_grad():
+                    source = torch.jit.trace(m.torch_module, example)
+                route = "torch.jit.trace (fallback)"
+        try:
+            mlmodel = ct.convert(
+                source, inputs=inputs, outputs=outputs, convert_to="mlprogram",
+                minimum_deployment_target=target, compute_precision=precision,
+            )
+        except Exception as exc:  # coremltools raises NotImplementedError/ValueError/RuntimeError/AssertionError
+            raise _conversion_error(exc, source if ep is not None else None, m.source) from None
+        return mlmodel, route
+
+    def _compress(self, job: ConvertJob, mlmodel, comp: Compression, threshold: int):
+        if comp.method is None:
+            return mlmodel
+        cto = require("coremltools.optimize.coreml", EXTRA)
+        if comp.method == "linear":
+            op = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
+                                             weight_threshold=threshold)
+            return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=op))
+        if comp.method == "palettize":
+            require("sklearn", EXTRA)  # k-means clustering
+            nbits = int(comp.bits)
+            op = cto.OpPalettizerConfig(mode="kmeans", nbits=nbits, granularity="per_tensor",
+                                        weight_threshold=threshold)
+            return cto.palettize_weights(mlmodel, cto.OptimizationConfig(global_config=op))
+        if comp.method == "prune":
+            op = cto.OpMagnitudePrunerConfig(target_sparsity=0.5, weight_threshold=threshold)
+            return cto.prune_weights(mlmodel, cto.OptimizationConfig(global_config=op))
+        if comp.method == "w8a8":  # macOS only (checked before converting)
+            assert job.calib is not None  # the pipeline refuses int8 without --calib
+            samples = [{k: v.astype(np.float32) for k, v in f.items()} for f in job.calib.batches(job.model)]
+            act = cto.OpLinearQuantizerConfig(mode="linear_symmetric", weight_threshold=threshold)
+            mlmodel = cto.linear_quantize_activations(mlmodel, cto.OptimizationConfig(global_config=act), samples)
+            w = cto.OpLinearQuantizerConfig(mode="linear_symmetric", dtype="int8", granularity="per_channel",
+                                            weight_threshold=threshold)
+            return cto.linear_quantize_weights(mlmodel, cto.OptimizationConfig(global_config=w))
+        raise AssertionError(comp.method)
+
+    # ---------------------------------------------------------------- verification
+
+    def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner:
+        pkg = job.out_dir / artifact.primary
+        if _can_predict():
+            ct = _ct()
+            model = ct.models.MLModel(str(pkg))
+            names = [s.name for s in job.model.outputs]
+
+            def predict(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+                out = model.predict({k: v.astype(np.float32) for k, v in feeds.items()})
+                return [np.asarray(out[n], dtype=np.float32) for n in names]
+
+            return predict
+        from edgekit.converters.coreml_mil import MILInterpreter, load_program
+
+        interp = MILInterpreter(load_program(pkg, decompress=True))
+        batch = job.model.inputs[0].shape[0]
+
+        def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            n = next(iter(feeds.values())).shape[0]
+            parts = [interp({k: v[i:i + batch] for k, v in feeds.items()}) for i in range(0, n, batch)]
+            return [np.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]
+
+        return run
+
+    @staticmethod
+    def versions() -> dict[str, str]:
+        return toolchain_versions("torch", "coremltools", "scikit-learn")
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def _can_predict() -> bool:
+    if sys.platform != "darwin":
+        return False
+    try:
+        import coremltools.libcoremlpython  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _host_runtime_name(ct) -> str:
+    if _can_predict():
+        return f"Core ML predict (coremltools {ct.__version__}, macOS)"
+    return (f"coremltools {ct.__version__} MIL program read back from the package, run in torch "
+            f"{require('torch').__version__} (fp32 arithmetic, fp16 storage): measures weight compression, "
+            "not Core ML's fp16 arithmetic")
+
+
+def _describe(mlmodel, job: ConvertJob) -> None:
+    mlmodel.short_description = f"edgekit {job.model.source} for {job.board.id} ({job.precision})"
+    mlmodel.user_defined_metadata["edgekit.precision"] = job.precision
+    mlmodel.user_defined_metadata["edgekit.board"] = job.board.id
+
+
+_UNSUPPORTED = [
+    re.compile(r"Unsupported fx node (?P<node>\S+), kind (?P<op>\S+)"),
+    re.compile(r"PyTorch convert function for op '(?P<op>[^']+)' not implemented"),
+]
+
+
+def _conversion_error(exc: Exception, ep: Any, source: str) -> Exception:
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    for pat in _UNSUPPORTED:
+        hit = pat.search(str(exc))
+        if not hit:
+            continue
+        op = hit.group("op").rstrip(",")
+        node_name = hit.groupdict().get("node")
+        node = _find_node(ep, node_name, op)
+        where = ""
+        target = op
+        if node is not None:
+            node_name = node.name
+            target = str(node.target)
+            where = _source_location(node)
+        return UnsupportedOpError(
+            f"{source}: Core ML (coremltools) cannot convert op {target}"
+            + (f" at node {node_name!r}" if node_name else "")
+            + (f", from {where}" if where else "")
+            + "; replace it with supported ops in the model, or register a coremltools composite op "
+            "(coremltools.converters.mil.frontend.torch.register_torch_op)"
+        )
+    return ConversionError(f"{source}: coremltools failed: {type(exc).__name__}: {msg[:300]}")
+
+
+def _find_node(ep: Any, node_name: str | None, op: str) -> Any:
+    if ep is None:
+        return None
+    nodes = [n for n in ep.graph.nodes if n.op == "call_function"]
+    for n in nodes:
+        if node_name and n.name == node_name:
+            return n
+    for n in nodes:
+        if str(n.target).split(".")[1:2] == [op] or getattr(n.target, "__name__", "").split(".")[0] == op:
+            return n
+    return None
+
+
+def _source_location(node: Any) -> str:
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+), in (\S+)\n\s*(.*)', trace)
+    if not frames:
+        return ""
+    path, line, fn, code = frames[-1]
+    return f"{path}:{line} in {fn} ({code.strip()[:80]})"
+
+
+def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int) -> dict[str, Any]:
+    """Static checks of the saved package; raises ConversionError where it does not match the request."""
+    from edgekit.converters import coreml_mil as cm
+
+    try:
+        sig = cm.io_signature(pkg)
+        raw = cm.load_program(pkg, decompress=False)
+        dense = cm.load_program(pkg, decompress=True)
+    except Exception as exc:
+        raise ConversionError(f"{pkg}: the saved package does not load back ({type(exc).__name__}: {exc})") from None
+    problems = []
+    for kind, specs in (("input", job.model.inputs), ("output", job.model.outputs)):
+        got = sig[f"{kind}s"]
+        want = [{"name": s.name, "shape": list(s.shape), "dtype": "float32"} for s in specs]
+        if [(g["name"], g["shape"], g["dtype"]) for g in got] != [(w["name"], w["shape"], w["dtype"]) for w in want]:
+            problems.append(f"{kind}s are {got}, the source model has {want}")
+    weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision)
+    problems += weights.pop("problems")
+    if problems:
+        raise ConversionError(f"{pkg.name} does not match the request: " + "; ".join(problems))
+    return {
+        "spec_loads": True,
+        "spec_version": sig["spec_version"],
+        "io": {"inputs": sig["inputs"], "outputs": sig["outputs"], "matches_source": True},
+        "op_counts": cm.op_counts(raw),
+        "ane_flags": cm.ane_flags(raw, "fp32" if job.precision == "fp32" else "fp16"),
+        "weights": weights,
+    }
+
+
+def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, precision: str) -> dict[str, Any]:
+    """Measured weight-file bytes against what the requested compression should take."""
+    from edgekit.converters import coreml_mil as cm
+
+    elem_bytes = 4 if precision == "fp32" else 2
+    weights = cm.float_weights(dense)
+    compressed = cm.compressed_weights(raw)
+    eligible = [w for w in weights if int(np.prod(w[1])) >= threshold] if comp.method else []
+    n_all = sum(int(np.prod(s)) for _, s, _ in weights)
+    n_elig = sum(int(np.prod(s)) for _, s, _ in eligible)
+    # every other float const (biases, small weights, ...) is stored at the compute precision
+    n_other_consts = sum(
+        int(np.asarray(op.val.val).size) for op in dense.functions["main"].operations
+        if op.op_type == "const" and isinstance(op.val.val, np.ndarray) and op.val.val.dtype.kind == "f"
+    ) - n_elig
+    expected_data = n_elig * comp.bits / 8 + n_other_consts * elem_bytes
+    blobs = sum(1 for op in raw.functions["main"].operations
+                if op.op_type == "const" and isinstance(op.val.val, np.ndarray) and op.val.val.size >= 2)
+    overhead = 64 + 128 * blobs  # file header; per blob a 64-byte header and 64-byte alignment
+    if comp.method == "palettize":
+        overhead += len(eligible) * (2 ** int(comp.bits)) * elem_bytes  # one LUT per tensor
+    if comp.method == "linear":
+        overhead += sum(int(s[0]) for _, s, _ in eligible) * 3  # per-channel scale (fp16) + zero point
+    measured = cm.weight_bin_bytes(pkg)
+    problems = []
+    if measured > expected_data * 1.1 + overhead or measured < expected_data * 0.9:
+        problems.append(
+            f"weight file is {measured:,} bytes, {precision} should take about {int(expected_data):,} "
+            f"(+ up to {overhead:,} bytes of headers/alignment)"
+        )
+    want_ops = cm.COMPRESSION_OPS.get(comp.method or "", ())
+    if comp.method in cm.COMPRESSION_OPS:
+        n_compressed = sum(1 for v in compressed.values() if v in want_ops)
+        if n_compressed < len(eligible):
+            problems.append(f"only {n_compressed} of {len(eligible)} weights >= {threshold} elements are stored "
+                            f"as {'/'.join(want_ops)}")
+    other_bytes = n_other_consts * elem_bytes
+    return {
+        "measured_bytes": measured,
+        "expected_bytes": int(expected_data),
+        "allowed_overhead_bytes": overhead,
+        "fp32_weight_bytes": 4 * n_all,
+        "weight_tensors": len(weights),
+        "compressed_tensors": len(eligible),
+        "compressed_elements": n_elig,
+        "compressed_ratio_vs_fp32": round((measured - other_bytes) / (4 * n_elig), 4) if n_elig else None,
+        "file_ratio_vs_fp32_weights": round(measured / (4 * n_all), 4) if n_all else None,
+        "storage": {k: v for k, v in sorted(Counter(compressed.values()).items())},
+        "problems": problems,
+    }
+
+
+CONVERTER = CoreMLConverter()

@@ -1,0 +1,409 @@
+"""What Linux can check in a Core ML ML program, without Core ML.
+
+Core ML's ``predict`` exists only on macOS. On Linux coremltools still reads the package
+(spec, MIL program, weight blobs, ``decompress_weights``). This module uses that to:
+
+- ``MILInterpreter``: run the *decompressed* MIL program of a package with torch
+  kernels, fp32 arithmetic, rounding each tensor the program stores as fp16 to fp16.
+  It checks the converted graph and the compressed weights read back from the package;
+  it does not reproduce Core ML's own fp16 arithmetic (accumulation order, ANE
+  fixed-point details), so its numbers measure the weight compression, not the device.
+- ``program_ops``/``io_signature``/``weight_report``/``ane_flags``: the static checks.
+
+The interpreter covers the ops coremltools writes for CNN classifiers (conv, pooling,
+normalisation, activations, elementwise, reductions, reshapes, linear/matmul). Any other
+op is a :class:`VerificationError` naming the op, so a model outside that set is
+reported as "verify on macOS", never silently skipped.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import VerificationError
+
+# Ops that are known to keep a model (or a segment of it) off the Apple Neural Engine, so
+# Core ML runs them on the GPU or CPU. Heuristics, not a guarantee: Apple publishes no
+# list. Sources: Apple, "Deploying Transformers on the Apple Neural Engine" (2022);
+# coremltools docs "Typed Execution" (ANE computes in fp16 only); community op table
+# github.com/hollance/neural-engine ("Unsupported layers"); Core ML's MLComputePlan on
+# macOS gives the real per-op device (run firmware/coreml/run.py --compute-plan there).
+ANE_UNFRIENDLY_OPS: dict[str, str] = {
+    "gather": "dynamic indexing runs on CPU",
+    "gather_nd": "dynamic indexing runs on CPU",
+    "gather_along_axis": "dynamic indexing runs on CPU",
+    "scatter": "scatter runs on CPU",
+    "scatter_nd": "scatter runs on CPU",
+    "scatter_along_axis": "scatter runs on CPU",
+    "non_maximum_suppression": "NMS runs on CPU",
+    "topk": "top-k runs on CPU",
+    "argsort": "sort runs on CPU",
+    "cumsum": "cumulative sum runs on CPU/GPU",
+    "random_uniform": "random ops run on CPU",
+    "random_normal": "random ops run on CPU",
+    "random_bernoulli": "random ops run on CPU",
+    "random_categorical": "random ops run on CPU",
+    "while_loop": "control flow splits the model off the ANE",
+    "cond": "control flow splits the model off the ANE",
+    "einsum": "general einsum runs on GPU/CPU",
+    "non_zero": "data-dependent shapes run on CPU",
+    "band_part": "runs on GPU/CPU",
+    "einsum_general": "runs on GPU/CPU",
+}
+ANE_MAX_DIM = 16384  # tensors with a dimension above 16384 do not run on the ANE (hollance/neural-engine)
+
+# constexpr op that holds a weight compressed by each coremltools.optimize.coreml method
+COMPRESSION_OPS = {
+    "linear": ("constexpr_affine_dequantize", "constexpr_blockwise_shift_scale"),
+    "palettize": ("constexpr_lut_to_dense",),
+    "prune": ("constexpr_sparse_to_dense",),
+}
+WEIGHT_CONSUMERS = {"conv", "conv_transpose", "linear", "matmul"}
+
+
+def load_program(package: Path, decompress: bool) -> Any:
+    """The MIL program of a saved ``.mlpackage`` (compressed weights expanded if asked)."""
+    import coremltools as ct
+    from coremltools.converters.mil.frontend.milproto.load import load as milproto_load
+
+    model = ct.models.MLModel(str(package), skip_model_load=True)
+    if decompress:
+        from coremltools.optimize.coreml import decompress_weights
+
+        return decompress_weights(model)._mil_program
+    spec = model.get_spec()
+    return milproto_load(spec, specification_version=spec.specificationVersion, file_weights_dir=model.weights_dir)
+
+
+def _main(prog: Any) -> Any:
+    return prog.functions["main"]
+
+
+def program_ops(prog: Any) -> list[str]:
+    return [op.op_type for op in _main(prog).operations]
+
+
+def op_counts(prog: Any) -> dict[str, int]:
+    return dict(sorted(Counter(program_ops(prog)).items()))
+
+
+def weight_bin_bytes(package: Path) -> int:
+    """Bytes of the package's weight blob file(s)."""
+    wdir = Path(package) / "Data" / "com.apple.CoreML" / "weights"
+    return sum(p.stat().st_size for p in wdir.glob("*") if p.is_file()) if wdir.is_dir() else 0
+
+
+def float_weights(prog: Any, min_size: int = 1) -> list[tuple[str, tuple[int, ...], str]]:
+    """Float consts feeding a weight input of conv/linear/matmul: (name, shape, consumer op)."""
+    out = []
+    for op in _main(prog).operations:
+        if op.op_type not in WEIGHT_CONSUMERS:
+            continue
+        for key in ("weight", "y"):
+            var = op.inputs.get(key)
+            if var is None or var.op is None:
+                continue
+            val = var.val
+            if val is None or not isinstance(val, np.ndarray) or val.dtype.kind != "f" or val.size < min_size:
+                continue
+            out.append((var.op.name, tuple(val.shape), op.op_type))
+    return out
+
+
+def compressed_weights(prog: Any) -> dict[str, str]:
+    """Weight inputs of conv/linear/matmul in a (not decompressed) program -> constexpr op type."""
+    out = {}
+    for op in _main(prog).operations:
+        if op.op_type not in WEIGHT_CONSUMERS:
+            continue
+        for key in ("weight", "y"):
+            var = op.inputs.get(key)
+            if var is not None and var.op is not None and var.op.op_type.startswith("constexpr_"):
+                out[f"{op.name}.{key}"] = var.op.op_type
+    return out
+
+
+def io_signature(package: Path) -> dict[str, list[dict[str, Any]]]:
+    """Input/output names, shapes and types from the package's spec."""
+    import coremltools as ct
+
+    spec = ct.utils.load_spec(str(package))
+    from coremltools.proto import FeatureTypes_pb2 as ft
+
+    names = {v: k for k, v in ft.ArrayFeatureType.ArrayDataType.items()}
+
+    def one(desc) -> dict[str, Any]:
+        arr = desc.type.multiArrayType
+        return {"name": desc.name, "shape": [int(d) for d in arr.shape],
+                "dtype": {"FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "DOUBLE": "float64"}.get(
+                    names.get(arr.dataType, "?"), names.get(arr.dataType, "?"))}
+
+    return {"inputs": [one(d) for d in spec.description.input], "outputs": [one(d) for d in spec.description.output],
+            "spec_version": spec.specificationVersion}
+
+
+def ane_flags(prog: Any, compute_precision: str) -> list[str]:
+    flags = []
+    if compute_precision == "fp32":
+        flags.append("compute precision fp32: the Neural Engine computes in fp16 only, so Core ML runs this model "
+                     "on the GPU/CPU; convert with fp16 (or a compressed precision) to use the ANE")
+    for op in _main(prog).operations:
+        if op.op_type in ANE_UNFRIENDLY_OPS:
+            flags.append(f"op {op.op_type} ({op.name}): {ANE_UNFRIENDLY_OPS[op.op_type]}")
+        for out in op.outputs:
+            shape = getattr(out, "shape", None) or ()
+            big = [d for d in shape if isinstance(d, int) and d > ANE_MAX_DIM]
+            if big:
+                flags.append(f"op {op.op_type} ({op.name}): output dimension {big[0]} > {ANE_MAX_DIM} (ANE limit)")
+    return flags
+
+
+# ------------------------------------------------------------------ interpreter
+
+
+class MILInterpreter:
+    """Runs the main function of a decompressed MIL program with torch (fp32, fp16 storage rounding)."""
+
+    def __init__(self, prog: Any) -> None:
+        import torch
+
+        self.torch = torch
+        self.fn = _main(prog)
+        self.input_names = list(self.fn.inputs)
+        self.output_names = [v.name for v in self.fn.outputs]
+        missing = sorted({op.op_type for op in self.fn.operations if op.op_type not in _KERNELS and op.op_type != "const"})
+        if missing:
+            raise VerificationError(
+                f"cannot check this Core ML program on {os.uname().sysname}: the host MIL interpreter has no kernel "
+                f"for op(s) {', '.join(missing)}; run the bundle's run.py on macOS (Core ML predict) to verify it"
+            )
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        torch = self.torch
+        env: dict[str, Any] = {}
+        for name in self.input_names:
+            env[name] = torch.from_numpy(np.ascontiguousarray(feeds[name])).float()
+
+        def val(var: Any) -> Any:
+            if isinstance(var, (list, tuple)):
+                return [val(v) for v in var]
+            if var.name in env:
+                return env[var.name]
+            v = var.val
+            if v is None:
+                raise VerificationError(f"MIL interpreter: value of {var.name!r} is unknown (op order?)")
+            if isinstance(v, np.ndarray) and v.dtype.kind in "fc":
+                t = torch.from_numpy(np.ascontiguousarray(v)).float()
+                env[var.name] = t
+                return t
+            if isinstance(v, np.ndarray) and v.dtype.kind in "iub" and v.ndim:
+                return [int(x) for x in v.tolist()] if v.dtype.kind != "b" else v.tolist()
+            if isinstance(v, np.generic):
+                return v.item()
+            return v
+
+        with torch.no_grad():
+            for op in self.fn.operations:
+                if op.op_type == "const":
+                    continue
+                args = {k: val(v) for k, v in op.inputs.items()}
+                outs = _KERNELS[op.op_type](torch, args)
+                outs = outs if isinstance(outs, tuple) else (outs,)
+                for var, o in zip(op.outputs, outs, strict=True):
+                    if hasattr(o, "dtype") and o.dtype.is_floating_point and _is_fp16(var):
+                        o = o.half().float()  # the program stores this tensor as fp16
+                    env[var.name] = o
+        return [env[n].detach().numpy().astype(np.float32) for n in self.output_names]
+
+
+def _is_fp16(var: Any) -> bool:
+    from coremltools.converters.mil.mil import types
+
+    dt = getattr(var, "dtype", None)
+    return dt is types.fp16
+
+
+def _pad_input(torch, x, args, kernel, strides, dilations):
+    import torch.nn.functional as F
+
+    pad_type = args.get("pad_type", "valid")
+    nd = len(kernel)
+    if pad_type == "custom":
+        pad = list(args.get("pad") or [0] * 2 * nd)  # [d0_begin, d0_end, d1_begin, d1_end]
+    elif pad_type == "valid":
+        pad = [0] * 2 * nd
+    elif pad_type in ("same", "same_lower"):
+        pad = []
+        for i in range(nd):
+            size = x.shape[2 + i]
+            eff = (kernel[i] - 1) * dilations[i] + 1
+            out = -(-size // strides[i])
+            total = max((out - 1) * strides[i] + eff - size, 0)
+            lo = total // 2 if pad_type == "same" else total - total // 2
+            pad += [lo, total - lo]
+    else:
+        raise VerificationError(f"MIL interpreter: pad_type {pad_type!r} not handled")
+    torch_pad = []
+    for i in reversed(range(nd)):
+        torch_pad += [pad[2 * i], pad[2 * i + 1]]
+    return F.pad(x, torch_pad) if any(torch_pad) else x
+
+
+def _conv(torch, a):
+    import torch.nn.functional as F
+
+    x, w = a["x"], a["weight"]
+    nd = w.dim() - 2
+    strides = a.get("strides") or [1] * nd
+    dil = a.get("dilations") or [1] * nd
+    x = _pad_input(torch, x, a, list(w.shape[2:]), strides, dil)
+    fn = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}[nd]
+    return fn(x, w, a.get("bias"), stride=strides, dilation=dil, groups=int(a.get("groups") or 1))
+
+
+def _pool(kind):
+    def run(torch, a):
+        import torch.nn.functional as F
+
+        x, k = a["x"], list(a["kernel_sizes"])
+        strides = a.get("strides") or k
+        nd = len(k)
+        pad_type = a.get("pad_type", "valid")
+        ceil = bool(a.get("ceil_mode", False))
+        if pad_type == "custom" and kind == "avg" and not a.get("exclude_padding_from_average", False):
+            xp = _pad_input(torch, x, a, k, strides, [1] * nd)
+            return getattr(F, f"avg_pool{nd}d")(xp, k, strides, ceil_mode=ceil)
+        if pad_type == "valid" or not any(a.get("pad") or []):
+            fn = getattr(F, f"{kind}_pool{nd}d")
+            return fn(x, k, strides, ceil_mode=ceil)
+        pad = list(a.get("pad") or [])
+        sym = all(pad[2 * i] == pad[2 * i + 1] for i in range(nd))
+        if pad_type != "custom" or not sym:
+            raise VerificationError(f"MIL interpreter: {kind}_pool with pad_type {pad_type} / pad {pad} not handled")
+        p = [pad[2 * i] for i in range(nd)]
+        if kind == "max":
+            return getattr(F, f"max_pool{nd}d")(x, k, strides, p, ceil_mode=ceil)
+        return getattr(F, f"avg_pool{nd}d")(x, k, strides, p, ceil_mode=ceil, count_include_pad=False)
+
+    return run
+
+
+def _reduce(name):
+    def run(torch, a):
+        x = a["x"]
+        axes = a.get("axes")
+        keep = bool(a.get("keep_dims", False))
+        dims = tuple(range(x.dim())) if axes is None else tuple(axes)
+        if name == "mean":
+            return x.mean(dim=dims, keepdim=keep)
+        if name == "sum":
+            return x.sum(dim=dims, keepdim=keep)
+        out = x
+        for d in sorted((d % x.dim() for d in dims), reverse=True):
+            out = (out.amax if name == "max" else out.amin)(dim=d, keepdim=keep)
+        return out
+
+    return run
+
+
+def _cast(torch, a):
+    dt = a["dtype"]
+    x = a["x"]
+    if dt == "fp16":
+        return x.float().half().float()
+    if dt == "fp32":
+        return x.float()
+    if dt in ("int32", "int64", "int16", "int8", "uint8"):
+        return x.to(torch.int64)
+    if dt == "bool":
+        return x.bool()
+    raise VerificationError(f"MIL interpreter: cast to {dt} not handled")
+
+
+def _matmul(torch, a):
+    x, y = a["x"], a["y"]
+    if a.get("transpose_x"):
+        x = x.transpose(-1, -2)
+    if a.get("transpose_y"):
+        y = y.transpose(-1, -2)
+    return torch.matmul(x, y)
+
+
+def _batch_norm(torch, a):
+    x = a["x"]
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    mean, var = a["mean"].reshape(shape), a["variance"].reshape(shape)
+    y = (x - mean) / torch.sqrt(var + float(a.get("epsilon", 1e-5)))
+    if a.get("gamma") is not None:
+        y = y * a["gamma"].reshape(shape)
+    if a.get("beta") is not None:
+        y = y + a["beta"].reshape(shape)
+    return y
+
+
+def _gelu(torch, a):
+    mode = a.get("mode", "EXACT")
+    return torch.nn.functional.gelu(a["x"], approximate="tanh" if mode == "TANH_APPROXIMATION" else "none")
+
+
+def _shape_op(fn):
+    return lambda torch, a: fn(torch, a)
+
+
+_KERNELS: dict[str, Any] = {
+    "cast": _cast,
+    "conv": _conv,
+    "linear": lambda torch, a: torch.nn.functional.linear(a["x"], a["weight"], a.get("bias")),
+    "matmul": _matmul,
+    "relu": lambda torch, a: torch.relu(a["x"]),
+    "relu6": lambda torch, a: torch.clamp(a["x"], 0, 6),
+    "clip": lambda torch, a: torch.clamp(a["x"], float(a["alpha"]), float(a["beta"])),
+    "sigmoid": lambda torch, a: torch.sigmoid(a["x"]),
+    "tanh": lambda torch, a: torch.tanh(a["x"]),
+    "silu": lambda torch, a: torch.nn.functional.silu(a["x"]),
+    "gelu": _gelu,
+    "leaky_relu": lambda torch, a: torch.nn.functional.leaky_relu(a["x"], float(a.get("alpha", 0.01))),
+    "sigmoid_hard": lambda torch, a: torch.clamp(float(a.get("alpha", 0.2)) * a["x"] + float(a.get("beta", 0.5)), 0, 1),
+    "softmax": lambda torch, a: torch.softmax(a["x"], dim=int(a.get("axis", -1))),
+    "add": lambda torch, a: a["x"] + a["y"],
+    "sub": lambda torch, a: a["x"] - a["y"],
+    "mul": lambda torch, a: a["x"] * a["y"],
+    "real_div": lambda torch, a: a["x"] / a["y"],
+    "maximum": lambda torch, a: torch.maximum(torch.as_tensor(a["x"]), torch.as_tensor(a["y"])),
+    "minimum": lambda torch, a: torch.minimum(torch.as_tensor(a["x"]), torch.as_tensor(a["y"])),
+    "reduce_mean": _reduce("mean"),
+    "reduce_sum": _reduce("sum"),
+    "reduce_max": _reduce("max"),
+    "reduce_min": _reduce("min"),
+    "avg_pool": _pool("avg"),
+    "max_pool": _pool("max"),
+    "batch_norm": _batch_norm,
+    "reshape": lambda torch, a: a["x"].reshape(list(a["shape"])),
+    "transpose": lambda torch, a: a["x"].permute(list(a["perm"])),
+    "squeeze": lambda torch, a: a["x"].squeeze() if a.get("axes") is None else _squeeze(a["x"], a["axes"]),
+    "expand_dims": lambda torch, a: _expand(a["x"], a["axes"]),
+    "concat": lambda torch, a: torch.cat(list(a["values"]), dim=int(a["axis"])),
+    "identity": lambda torch, a: a["x"],
+}
+
+
+def _squeeze(x, axes):
+    for d in sorted((d % x.dim() for d in axes), reverse=True):
+        x = x.squeeze(d)
+    return x
+
+
+def _expand(x, axes):
+    rank = x.dim() + len(axes)
+    for d in sorted(d % rank for d in axes):
+        x = x.unsqueeze(d)
+    return x
+
+
+def interpreter_ops() -> list[str]:
+    return sorted(_KERNELS)
