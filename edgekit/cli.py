@@ -236,6 +236,7 @@ def version() -> None:
 # Keep those modules light at import time (no torch/onnx/etc. at module level).
 # (one import line per module, e.g. `from edgekit import cli_flash  # noqa: E402,F401`)
 from edgekit import cli_flash  # noqa: E402,F401
+from edgekit import cli_plan  # noqa: E402,F401
 
 
 def main() -> None:
