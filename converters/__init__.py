@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # name -> module path (lazily imported)
 REGISTRY: dict[str, str] = {
     "tensorrt": "edgekit.converters.tensorrt",
+    "tflite": "edgekit.converters.tflite",
     "coreml": "edgekit.converters.coreml",
 }
 

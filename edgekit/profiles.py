@@ -21,8 +21,12 @@ from edgekit.errors import ProfileError
 
 # int6-weight (6-bit weights, e.g. Core ML k-means palettization) and prune-50 (50 % magnitude
 # sparsity, fp16 values + 1-bit mask) are weight-only formats added for the iOS target.
-Precision = Literal["fp32", "fp16", "int8", "int8-weight", "int4-weight", "int6-weight", "prune-50"]
-PRECISION_ORDER: tuple[str, ...] = ("fp32", "fp16", "int8-weight", "int8", "int6-weight", "int4-weight", "prune-50")
+# int8-dynamic: int8 weights, activations quantized at run time inside the kernels (TFLite
+# dynamic-range quantization; Android target).
+Precision = Literal["fp32", "fp16", "int8", "int8-weight", "int4-weight", "int6-weight", "prune-50", "int8-dynamic"]
+PRECISION_ORDER: tuple[str, ...] = (
+    "fp32", "fp16", "int8-weight", "int8-dynamic", "int8", "int6-weight", "int4-weight", "prune-50",
+)
 
 
 class _Strict(BaseModel):
