@@ -54,7 +54,12 @@ class FakeAdbServer:
 
     def __exit__(self, *exc: object) -> None:
         self._stop = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
         self.sock.close()
+        self._thread.join(5)
 
     def _serve(self) -> None:
         while not self._stop:
