@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # name -> module path (lazily imported)
 REGISTRY: dict[str, str] = {
+    "hls4ml": "edgekit.converters.hls4ml",
     "tensorrt": "edgekit.converters.tensorrt",
     "tflite": "edgekit.converters.tflite",
     "coreml": "edgekit.converters.coreml",

@@ -23,9 +23,12 @@ from edgekit.errors import ProfileError
 # sparsity, fp16 values + 1-bit mask) are weight-only formats added for the iOS target.
 # int8-dynamic: int8 weights, activations quantized at run time inside the kernels (TFLite
 # dynamic-range quantization; Android target).
-Precision = Literal["fp32", "fp16", "int8", "int8-weight", "int4-weight", "int6-weight", "prune-50", "int8-dynamic"]
+# int4: 4-bit weights AND activations (FPGA fabric, power-of-two scales; FPGA target).
+Precision = Literal[
+    "fp32", "fp16", "int8", "int8-weight", "int4-weight", "int6-weight", "prune-50", "int8-dynamic", "int4",
+]
 PRECISION_ORDER: tuple[str, ...] = (
-    "fp32", "fp16", "int8-weight", "int8-dynamic", "int8", "int6-weight", "int4-weight", "prune-50",
+    "fp32", "fp16", "int8-weight", "int8-dynamic", "int8", "int6-weight", "int4-weight", "prune-50", "int4",
 )
 
 
@@ -61,6 +64,26 @@ class Budgets(_Strict):
     accuracy_drop_points: float = Field(default=1.0, ge=0, le=100)
 
 
+class FpgaResources(_Strict):
+    """Programmable-logic resources of an FPGA board (datasheet counts), for the fabric estimate."""
+
+    part: str = Field(description="Xilinx/AMD part number given to Vivado/Vitis HLS")
+    hls4ml_board: str | None = Field(default=None, description="hls4ml VivadoAccelerator board name; None = bare IP")
+    lut: int = Field(gt=0)
+    ff: int = Field(gt=0)
+    bram36: int = Field(gt=0, description="36 Kib block RAMs")
+    uram: int = Field(default=0, ge=0, description="288 Kib UltraRAMs (UltraScale+ only)")
+    dsp: int = Field(gt=0, description="DSP48 slices")
+    fabric_clock_mhz: float = Field(gt=0, description="clock the overlay is built for")
+    ps_ddr_mb: int = Field(gt=0, description="DDR attached to the processing system (DMA buffers live there)")
+
+    @model_validator(mode="after")
+    def _check(self) -> FpgaResources:
+        if self.ff < self.lut:
+            raise ValueError("ff below lut: every 7-series / UltraScale+ slice has 2 FF per LUT")
+        return self
+
+
 class Board(_Strict):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$")
     vendor: str = Field(pattern=r"^[a-z0-9][a-z0-9-]*$")
@@ -81,6 +104,7 @@ class Board(_Strict):
     sparsity_2_4: bool = Field(default=False, description="2:4 structured sparsity runs at 2x tensor rate (Ampere+)")
     min_ios: int | None = Field(default=None, ge=13, le=30, description="oldest iOS/iPadOS the app supports on this "
                                 "device: the Core ML deployment target (Apple boards only)")
+    fpga: FpgaResources | None = Field(default=None, description="programmable logic (FPGA boards only)")
     notes: list[str] = Field(default_factory=list)
 
     @property

@@ -1,0 +1,105 @@
+"""Fabric resources before synthesis: an ESTIMATE of DSP, BRAM36, LUT and FF from the model.
+
+The rules (hls4ml's dataflow architecture, one multiplier per weight shared over the reuse
+factor R):
+- multipliers per layer = ceil(weights / R); a product of >= 9-bit operands goes to a DSP48
+  slice, narrower products are built from LUTs (about w_bits x a_bits / 2 LUTs each);
+- each multiplier feeds an adder tree of accumulator width (one LUT per bit), plus one
+  register per bit (FF);
+- with R > 1 (Resource strategy) the weights live in BRAM: ceil(weight bits / 36 Kib) per
+  layer, at least one per layer; with R = 1 they are constants in logic;
+- io_stream FIFOs between layers hold one feature map each: BRAM36 when above 1 Kib;
+- the PYNQ shell (AXI DMA, interconnect, reset) costs a fixed ~6,000 LUT / 8,000 FF / 3 BRAM36.
+Vivado's synthesis report replaces these figures; until it runs they are labelled estimates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SHELL = {"lut": 6000, "ff": 8000, "bram36": 3, "dsp": 0}  # AXI DMA + SmartConnect + reset (PYNQ base designs)
+BRAM_BITS = 36 * 1024
+FIT_SHARE = 0.8  # leave 20% of the fabric for routing and timing closure
+REUSE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+
+
+@dataclass
+class LayerCost:
+    name: str
+    weights: int
+    w_bits: int
+    a_bits: int
+    out_elems: int
+
+
+@dataclass
+class Estimate:
+    reuse_factor: int
+    dsp: int
+    bram36: int
+    lut: int
+    ff: int
+    fits: bool
+    limiting: str | None  # resource that does not fit, if any
+    utilization: dict[str, float]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "kind": "estimate (before synthesis; Vivado's report replaces it)"}
+
+
+def layer_costs(layers, bits: int) -> list[LayerCost]:
+    """Costs of the quantized chain from ``fpga_quant.read_chain``'s layers (input stays 8-bit)."""
+    out = []
+    a_bits = 8
+    for lay in layers:
+        if lay.kind not in ("conv", "linear"):
+            continue
+        w = lay.weight
+        out_elems = int(w.shape[0])
+        out.append(LayerCost(lay.name, int(w.size), bits, a_bits, out_elems))
+        a_bits = bits
+    return out
+
+
+def estimate(costs: list[LayerCost], reuse: int, fpga, io_stream: bool, fifo_bits: list[int] | None = None) -> Estimate:
+    dsp = lut = ff = bram = 0
+    for c in costs:
+        mults = math.ceil(c.weights / reuse)
+        acc_bits = c.w_bits + c.a_bits + math.ceil(math.log2(max(2, c.weights // max(1, c.out_elems))))
+        if max(c.w_bits, c.a_bits) >= 9:
+            dsp += mults
+        else:
+            lut += mults * math.ceil(c.w_bits * c.a_bits / 2)
+        lut += mults * acc_bits  # adder tree
+        ff += mults * acc_bits
+        if reuse > 1:
+            bram += max(1, math.ceil(c.weights * c.w_bits / BRAM_BITS))
+    if io_stream:
+        for b in fifo_bits or []:
+            if b > 1024:
+                bram += math.ceil(b / BRAM_BITS)
+            else:
+                lut += math.ceil(b / 32)  # SRL-based shallow FIFO
+    dsp += SHELL["dsp"]
+    lut += SHELL["lut"]
+    ff += SHELL["ff"]
+    bram += SHELL["bram36"]
+    avail = {"dsp": fpga.dsp, "bram36": fpga.bram36, "lut": fpga.lut, "ff": fpga.ff}
+    used = {"dsp": dsp, "bram36": bram, "lut": lut, "ff": ff}
+    util = {k: round(used[k] / avail[k], 4) if avail[k] else float("inf") for k in used}
+    over = [k for k in used if used[k] > FIT_SHARE * avail[k]]
+    return Estimate(reuse, dsp, bram, lut, ff, not over, over[0] if over else None, util)
+
+
+def pick_reuse(costs: list[LayerCost], fpga, io_stream: bool, fifo_bits: list[int] | None = None,
+               choices: tuple[int, ...] = REUSE_CHOICES) -> tuple[Estimate, list[Estimate]]:
+    """Smallest reuse factor whose estimate fits the board (<= 80% of every resource)."""
+    tried = []
+    for r in choices:
+        est = estimate(costs, r, fpga, io_stream, fifo_bits)
+        tried.append(est)
+        if est.fits:
+            return est, tried
+    return tried[-1], tried
