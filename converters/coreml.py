@@ -129,6 +129,14 @@ class CoreMLConverter:
             "model off the Neural Engine flagged "
             f"({len(checks['ane_flags'])} found).",
         ]
+        w = checks["weights"]
+        notes.append(
+            f"weight file {w['measured_bytes']:,} B for {w['fp32_weight_bytes']:,} B of fp32 conv/linear weights "
+            f"({w['file_ratio_vs_fp32_weights']:.3f}x)"
+            + (f"; the {w['compressed_tensors']} compressed tensors take {w['compressed_ratio_vs_fp32']:.3f}x "
+               f"of fp32 ({comp.describe})" if w["compressed_ratio_vs_fp32"] else "")
+            + f"; conversion {t_convert:.2f} s, compression {t_compress:.2f} s"
+        )
         if sys.platform != "darwin":
             notes.append(
                 "Numbers in the verification come from the package's decompressed MIL program run in torch (fp32 "
