@@ -57,9 +57,11 @@ def convert(
     opset: Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: the target's)")] = None,
     golden: Annotated[int, typer.Option("--golden", help="number of golden samples")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print the manifest as JSON")] = False,
+    option: Annotated[list[str] | None, typer.Option("--option", help="converter option key=value, e.g. layout=nhwc, allow_float_fallback=true (android)")] = None,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
     from edgekit.pipeline import convert as run_convert
+    from edgekit.profiles import parse_overrides
 
     status = err.status("starting…")
     status.start()
@@ -74,7 +76,7 @@ def convert(
         res = run_convert(
             model, target=target, out=out, board=board, precision=precision, calib=calib, eval_data=eval_data,
             input_shape=input_shape, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
-            golden_count=golden, log=lambda m: err.print(f"  [dim]{m}[/]"),
+            golden_count=golden, options=parse_overrides(option) or None, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=on_stage,
         )
     finally:

@@ -148,7 +148,10 @@ def convert(
         with clock.stage("analyze"):
             src_onnx = _float_onnx_for_analysis(m, work, opset or tgt.opset or 18)
             stats = analyze_onnx(src_onnx, tgt.supported_ops, tgt.name)
-            if stats.unsupported:
+            if stats.unsupported and (options or {}).get("allow_float_fallback") is True:
+                _warn(f"{len(stats.unsupported)} op(s) outside target {tgt.name}'s list kept (allow_float_fallback): "
+                      + ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10]))
+            elif stats.unsupported:
                 listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
                 raise UnsupportedOpError(
                     f"target {tgt.name} cannot run {len(stats.unsupported)} op(s): {listed}; "
