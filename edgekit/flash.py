@@ -81,12 +81,13 @@ def flash(bundle: str | Path, transport: Transport, dest: str | None = None,
                 return res
             bad = [r for r in order if installed[r] != wanted[r]]
             log(f"{dest} differs from the bundle in {len(bad)} file(s): {', '.join(bad[:5])}; reinstalling")
-        if transport.exists(staging):
+        resuming = transport.exists(staging)
+        if resuming:
             log(f"resuming: {staging} exists from an earlier run")
         transport.makedirs(staging)
         for d in sorted({posixpath.dirname(r) for r in order} - {""}):
             transport.makedirs(posixpath.join(staging, d))
-        have = remote_hashes(staging)
+        have = remote_hashes(staging) if resuming else dict.fromkeys(order)
         for rel in order:  # files an older install already holds, right hash: copy on the board, do not resend
             if have[rel] != wanted[rel] and installed.get(rel) == wanted[rel]:
                 transport.copy_file(posixpath.join(dest, rel), posixpath.join(staging, rel))

@@ -142,6 +142,41 @@ class SSHTransport(Transport):
         except (OSError, socket.timeout, self._paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc, f"rename of {src}") from None
 
+    # SFTP for file-system operations: each exec costs a session (~0.3 s on a small board); SFTP is one round trip
+    def _sftp_call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except (socket.timeout, self._paramiko.SSHException, EOFError) as exc:
+            raise self._lost(exc, what) from None
+
+    def exists(self, path: str) -> bool:
+        try:
+            self._sftp_call(f"stat {path}", self.sftp.lstat, path)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise self._lost(exc, f"stat {path}") from None
+
+    def makedirs(self, path: str) -> None:
+        parts, cur = [p for p in path.split("/") if p], ""
+        for part in parts:
+            cur += "/" + part
+            if not self.exists(cur):
+                try:
+                    self._sftp_call(f"mkdir {cur}", self.sftp.mkdir, cur)
+                except OSError as exc:
+                    if not self.exists(cur):
+                        raise TransportError(f"cannot create {cur} on {self.describe()}: {exc}") from None
+
+    def remove(self, path: str) -> None:
+        try:
+            self._sftp_call(f"remove {path}", self.sftp.remove, path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise TransportError(f"cannot remove {path} on {self.describe()}: {exc}") from None
+
     def drop(self) -> None:
         """Cut the connection without a goodbye (used by fault tests)."""
         tr = self.client.get_transport()
