@@ -14,8 +14,8 @@ candidate uses 2:4 sparsity) + peak live activations at the activation precision
 ``max(compute, memory) + launch_overhead_us`` where
 ``compute = 2 * MACs / (peak_tops[precision] at the power mode * efficiency[precision])``
 and ``memory = (weight bytes + input and output activation bytes) / memory_bandwidth_gbps``.
-Weight-only precisions (int8-weight, int4-weight) compute at the best float rate the board
-has. 2:4 sparsity doubles the tensor rate of the layers it covers (Ampere sparse tensor
+Weight-only precisions (int8-weight, int6-weight, int4-weight, prune-50) compute at the best
+float rate the board has, unless its profile lists them in ``peak_tops``. 2:4 sparsity doubles the tensor rate of the layers it covers (Ampere sparse tensor
 cores) and halves their stored weights plus 2 bits of index per kept value.
 
 **Energy** (mJ) = power of the power mode (W) x latency (ms).
@@ -39,9 +39,14 @@ from edgekit.profiles import Board
 
 MB = 1e6
 DEFAULT_EFFICIENCY = 0.25  # for a precision the profile gives no factor for
-# bytes per weight value, and per activation value, at each precision
-WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 1.0, "int4-weight": 0.5}
-ACT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 2.0, "int4-weight": 2.0}
+# bytes per weight value, and per activation value, at each precision (unknown: fp32's)
+WEIGHT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 1.0, "int8-dynamic": 1.0, "int6-weight": 0.75,
+                "int4-weight": 0.5, "int4": 0.5, "prune-50": 0.5 * 2 + 1 / 8}  # prune-50: half fp16 + 1-bit mask
+ACT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 2.0, "int8-dynamic": 4.0, "int6-weight": 2.0,
+             "int4-weight": 2.0, "int4": 0.5, "prune-50": 2.0}
+# weight-only formats: the layer computes in float (at the board's best float rate) unless the
+# board lists the format in peak_tops itself
+WEIGHT_ONLY = ("int8-weight", "int6-weight", "int4-weight", "prune-50")
 TENSOR_CORE_PRECISIONS = ("fp16", "int8", "int8-weight", "int4-weight")
 
 
@@ -112,10 +117,11 @@ class Estimate:
 
 
 def efficiency(board: Board, precision: str) -> float:
-    key = precision
-    if precision not in board.efficiency and precision in ("int8-weight", "int4-weight"):
-        key = _float_compute_precision(board)
-    return board.efficiency.get(key, DEFAULT_EFFICIENCY)
+    if precision in board.efficiency:
+        return board.efficiency[precision]
+    if precision in WEIGHT_ONLY:
+        return board.efficiency.get(_float_compute_precision(board), DEFAULT_EFFICIENCY)
+    return DEFAULT_EFFICIENCY
 
 
 def _float_compute_precision(board: Board) -> str:
@@ -124,9 +130,9 @@ def _float_compute_precision(board: Board) -> str:
 
 def compute_precision(board: Board, precision: str) -> str:
     """The precision whose throughput a layer runs at (weight-only formats compute in float)."""
-    if precision in ("int8-weight", "int4-weight"):
-        return _float_compute_precision(board)
-    return precision
+    if precision in board.precisions or precision not in WEIGHT_ONLY:
+        return precision
+    return _float_compute_precision(board)
 
 
 def _weight_layers(stats: ModelStats) -> list[int]:
@@ -153,13 +159,13 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
         macs = lay.macs * keep_out * (keep_in if is_w else 1.0)
         params = lay.params * keep_out * (keep_in if is_w else 1.0)
         if is_w:
-            wbytes = params * WEIGHT_BYTES[prec]
+            wbytes = params * WEIGHT_BYTES.get(prec, 4.0)
             if cand.sparsity == "2:4" and prec in TENSOR_CORE_PRECISIONS:
                 wbytes = wbytes / 2 + params / 2 * 2 / 8  # half the values + 2-bit index per kept value
         else:
             wbytes = params * (2.0 if prec == "fp16" else 4.0)
         total_w += wbytes
-        act_scale = ACT_BYTES[prec] / 4.0
+        act_scale = ACT_BYTES.get(prec, 4.0) / 4.0
         out_act = lay.activation_bytes * keep_out * act_scale
         cprec = compute_precision(board, prec)
         tops = mode.peak_tops.get(cprec) or mode.peak_tops.get("fp32") or max(mode.peak_tops.values())
@@ -169,7 +175,7 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
         memory_s = (wbytes + prev_act * act_scale + out_act) / bw
         layers.append(LayerCost(lay.name, lay.op, prec, wbytes, macs, compute_s * 1e3, memory_s * 1e3, launch_ms))
         prev_act = lay.activation_bytes * keep_out
-    act_prec = ACT_BYTES[cand.precision] / 4.0
+    act_prec = ACT_BYTES.get(cand.precision, 4.0) / 4.0
     act_mb = stats.peak_activation_bytes * (1 - r if wl else 1.0) * act_prec / MB
     weights_mb = total_w / MB
     latency = sum(lc.latency_ms for lc in layers)

@@ -40,7 +40,12 @@ class PlanError(EdgekitError):
 
 @dataclass
 class Budgets:
-    """Absolute budgets for one plan (the board's defaults, with CLI overrides)."""
+    """Absolute budgets for one plan (the board's defaults, with CLI overrides).
+
+    ``ram_mb`` is the whole process (runtime overhead + weights + activations): by default
+    the profile's ``runtime_overhead_mb`` plus ``model_ram_share`` of the board's RAM.
+    ``power_w`` is compared with the power mode's figure.
+    """
 
     ram_mb: float
     storage_mb: float
@@ -53,7 +58,8 @@ class Budgets:
     def for_board(cls, board: Board, **overrides: float | None) -> Budgets:
         b = board.budgets
         out = cls(
-            ram_mb=b.model_ram_share * board.ram_mb,
+            # the whole process: the runtime's own RAM plus the model's share of the board's RAM
+            ram_mb=min(float(board.ram_mb), b.model_ram_share * board.ram_mb + board.runtime_overhead_mb),
             storage_mb=b.storage_mb if b.storage_mb is not None else float(board.storage_mb),
             latency_ms=b.latency_ms,
             power_w=b.power_w,
@@ -85,7 +91,9 @@ class Scored:
 
     @property
     def binding(self) -> str:
-        return max(self.usage, key=lambda k: self.usage[k])
+        """The budget closest to its limit (power only when exceeded: it is the power mode's own figure)."""
+        keys = [k for k in self.usage if k != "power_w" or k in self.over] or list(self.usage)
+        return max(keys, key=lambda k: self.usage[k])
 
     def to_json(self) -> dict[str, Any]:
         return {**self.estimate.to_json(), "fits": self.fits, "binding": self.binding,

@@ -1,0 +1,53 @@
+"""Small torch networks for the planner tests (importable as ``plan_nets:factory``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class InvertedResidual(nn.Module):
+    def __init__(self, cin: int, cout: int, stride: int, expand: int) -> None:
+        super().__init__()
+        hid = cin * expand
+        layers: list[nn.Module] = []
+        if expand != 1:
+            layers += [nn.Conv2d(cin, hid, 1, bias=False), nn.BatchNorm2d(hid), nn.ReLU6()]
+        layers += [nn.Conv2d(hid, hid, 3, stride, 1, groups=hid, bias=False), nn.BatchNorm2d(hid), nn.ReLU6(),
+                   nn.Conv2d(hid, cout, 1, bias=False), nn.BatchNorm2d(cout)]
+        self.conv = nn.Sequential(*layers)
+        self.res = stride == 1 and cin == cout
+
+    def forward(self, x):
+        return x + self.conv(x) if self.res else self.conv(x)
+
+
+def _c(x: float, width: float) -> int:
+    return max(8, int(x * width + 4) // 8 * 8)
+
+
+class MobileNetV2(nn.Module):
+    """MobileNetV2's block layout (t, c, n, s) at a reduced width: residual adds, depthwise convs."""
+
+    def __init__(self, width: float = 0.35, classes: int = 10) -> None:
+        super().__init__()
+        cfg = [(1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)]
+        cin = _c(32, width)
+        layers: list[nn.Module] = [nn.Conv2d(3, cin, 3, 2, 1, bias=False), nn.BatchNorm2d(cin), nn.ReLU6()]
+        for t, c, n, s in cfg:
+            cout = _c(c, width)
+            for i in range(n):
+                layers.append(InvertedResidual(cin, cout, s if i == 0 else 1, t))
+                cin = cout
+        last = 1280 if width <= 1 else _c(1280, width)
+        layers += [nn.Conv2d(cin, last, 1, bias=False), nn.BatchNorm2d(last), nn.ReLU6()]
+        self.features = nn.Sequential(*layers)
+        self.classifier = nn.Linear(last, classes)
+
+    def forward(self, x):
+        return self.classifier(self.features(x).mean((2, 3)))
+
+
+def mobilenetv2():
+    torch.manual_seed(0)
+    return MobileNetV2().eval()

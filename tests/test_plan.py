@@ -1,0 +1,193 @@
+"""The budget-driven planner: cost model, search, failure reasons, CLI, report.html, --precision auto.
+
+Budgets are set between two candidates' estimates, so the right choice is known without
+hard-coding any estimate: the test fails if the planner picks the wrong side.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgekit.costmodel import Candidate, calibrated, estimate
+from edgekit.planner import Budgets, PlanError, candidates, choose
+from edgekit.profiles import list_boards, load_board, load_target
+
+sys.path.insert(0, str(Path(__file__).parent))  # plan_nets:mobilenetv2
+
+
+@pytest.fixture(scope="module")
+def digits_stats(digits):
+    from edgekit.planner import analyze_model
+
+    return analyze_model(str(digits["model"]), load_target("jetson"))[1]
+
+
+@pytest.fixture(scope="module")
+def mnv2_stats():
+    from edgekit.planner import analyze_model
+
+    return analyze_model("plan_nets:mobilenetv2", load_target("jetson"), ["1,3,96,96"])[1]
+
+
+def _est(stats, board, prec, mode=None, **kw):
+    return estimate(stats, board, Candidate(prec, mode or board.default_power_mode, **kw))
+
+
+def test_cost_model_orders_precisions_and_energy(digits_stats):
+    b = load_board("jetson-orin-nano-8gb")
+    e32, e16, e8 = (_est(digits_stats, b, p) for p in ("fp32", "fp16", "int8"))
+    assert e32.ram_mb > e16.ram_mb > e8.ram_mb > b.runtime_overhead_mb
+    assert e32.storage_mb == pytest.approx(2 * e16.storage_mb, rel=1e-6)
+    assert e8.storage_mb < e16.storage_mb
+    for e in (e32, e16, e8):
+        assert e.energy_mj == pytest.approx(e.power_w * e.latency_ms)
+        assert e.latency_ms == pytest.approx(sum(lc.latency_ms for lc in e.layers))
+        # every layer pays at least its launch overhead
+        assert e.latency_ms >= len(digits_stats.layers) * b.launch_overhead_us / 1e3
+    # a faster power mode is never slower, and draws more power
+    slow, fast = _est(digits_stats, b, "fp16", "7W"), _est(digits_stats, b, "fp16", "25W")
+    assert fast.latency_ms <= slow.latency_ms and fast.power_w > slow.power_w
+    # pruning cuts MACs, weights and activations
+    p50 = _est(digits_stats, b, "fp16", prune_ratio=0.5)
+    assert p50.storage_mb < e16.storage_mb and p50.activations_mb < e16.activations_mb
+    # 2:4 sparsity halves the stored weights plus index bits
+    sp = _est(digits_stats, b, "int8", sparsity="2:4")
+    assert e8.storage_mb * 0.5 < sp.storage_mb < e8.storage_mb
+
+
+def test_default_budgets_pick_least_compressed(digits_stats):
+    for board in ("jetson-nano-4gb", "jetson-orin-nano-8gb", "host"):
+        p = choose(None, load_board(board), "jetson", stats=digits_stats, use_calibration=False)
+        assert p.precision == "fp32" and p.candidate.prune_ratio == 0, (board, p.reason)
+        assert "least compressed" in p.reason
+
+
+def test_nano_never_gets_int8_and_tight_ram_forces_fp16(digits_stats):
+    b = load_board("jetson-nano-4gb")
+    assert all(c.precision != "int8" for c in candidates(b, load_target("jetson")))
+    e32, e16 = _est(digits_stats, b, "fp32"), _est(digits_stats, b, "fp16")
+    budgets = Budgets.for_board(b, ram_mb=(e32.ram_mb + e16.ram_mb) / 2)
+    p = choose(None, b, "jetson", budgets, stats=digits_stats, use_calibration=False)
+    assert p.precision == "fp16" and p.candidate.prune_ratio == 0
+    assert p.reason.startswith("fp16") and "RAM budget" in p.reason
+    assert all(s.estimate.candidate.precision != "int8" for s in p.candidates)
+
+
+def test_ram_budget_forces_int8_on_orin(digits_stats):
+    b = load_board("jetson-orin-nano-8gb")
+    e16, e8 = _est(digits_stats, b, "fp16"), _est(digits_stats, b, "int8")
+    budgets = Budgets.for_board(b, ram_mb=(e16.ram_mb + e8.ram_mb) / 2)
+    p = choose(None, b, "jetson", budgets, stats=digits_stats, use_calibration=False)
+    assert p.precision == "int8" and p.candidate.prune_ratio == 0 and p.candidate.sparsity is None
+    assert "RAM budget" in p.reason
+    assert p.choice.fits and p.choice.estimate.ram_mb <= budgets.ram_mb
+
+
+def test_latency_budget_forces_pruning(mnv2_stats):
+    b = load_board("jetson-nano-4gb")
+    t = load_target("jetson")
+    unpruned = min(_est(mnv2_stats, b, p, m).latency_ms for p in ("fp32", "fp16") for m in b.power_modes)
+    pruned = min(_est(mnv2_stats, b, p, m, prune_ratio=0.5).latency_ms for p in ("fp32", "fp16") for m in b.power_modes)
+    assert pruned < unpruned
+    budgets = Budgets.for_board(b, latency_ms=(pruned + unpruned) / 2)
+    p = choose(None, b, t, budgets, stats=mnv2_stats, use_calibration=False, prunable=True)
+    assert p.candidate.prune_ratio > 0
+    assert p.choice.estimate.latency_ms <= budgets.latency_ms
+    assert "latency budget" in p.reason
+    # without pruning allowed, the same budget cannot be met
+    with pytest.raises(PlanError, match="latency budget"):
+        choose(None, b, t, budgets, stats=mnv2_stats, use_calibration=False, prunable=False)
+
+
+def test_impossible_budget_fails_with_reason_and_amount(digits_stats):
+    b = load_board("jetson-orin-nano-8gb")
+    best = min(_est(digits_stats, b, "int8", m, prune_ratio=0.5).latency_ms for m in b.power_modes)
+    limit = best / 10
+    with pytest.raises(PlanError) as exc:
+        choose(None, b, "jetson", Budgets.for_board(b, latency_ms=limit), stats=digits_stats, use_calibration=False)
+    msg = str(exc.value)
+    assert "latency budget" in msg and "cannot be met" in msg and "nearest candidate" in msg
+    assert "--max-latency-ms" in msg
+    needed = float(re.search(r"needs ([\d.e+-]+) ms", msg).group(1))
+    assert needed > limit
+
+
+def test_sparsity_only_where_board_supports_it():
+    t = load_target("jetson")
+    for b in list_boards("jetson"):
+        has = any(c.sparsity == "2:4" for c in candidates(b, t))
+        assert has == b.sparsity_2_4, b.id
+    assert load_board("jetson-orin-nano-8gb").sparsity_2_4 and not load_board("jetson-nano-4gb").sparsity_2_4
+
+
+def test_calibration_store_is_applied(digits_stats, tmp_path, monkeypatch):
+    from edgekit.calibrate import save_store
+
+    monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
+    b = load_board("host")
+    assert calibrated(b) is b
+    save_store(b.id, {"board": b.id, "samples": [], "fit": {"efficiency": {"fp32": 0.9}, "launch_overhead_us": 1.0,
+                                                            "bandwidth_factor": 2.0}})
+    cb = calibrated(b)
+    assert cb.efficiency["fp32"] == 0.9 and cb.launch_overhead_us == 1.0
+    assert cb.memory_bandwidth_gbps == pytest.approx(2 * b.memory_bandwidth_gbps)
+    p = choose(None, b, "jetson", stats=digits_stats)
+    assert p.calibrated
+    assert p.choice.estimate.latency_ms != pytest.approx(_est(digits_stats, b, "fp32").latency_ms)
+
+
+def test_cli_plan_json_and_report(digits, tmp_path):
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+
+    out = tmp_path / "rep"
+    r = CliRunner().invoke(app, ["plan", str(digits["model"]), "--board", "jetson-nano-4gb", "--max-ram-mb", "1200.05",
+                                 "--json", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert plan["choice"]["candidate"]["precision"] == "fp16"
+    assert plan["budgets"]["ram_mb"] == 1200.05
+    assert plan["choice"]["layers"] and plan["candidates"]
+    html = (out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3
+    assert not re.search(r"(src|href)=[\"']?(https?:)?//", html)  # opens offline: nothing fetched
+    assert "http://" not in html and "https://" not in html
+    for png in ("budgets.png", "pareto.png", "layers.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # run again into the same folder: replaced, not refused
+    r2 = CliRunner().invoke(app, ["plan", str(digits["model"]), "--board", "jetson-nano-4gb", "-o", str(out)])
+    assert r2.exit_code == 0, r2.output
+    assert "choice:" in r2.stdout
+
+
+def test_cli_plan_impossible_budget_exit_2(digits):
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+
+    r = CliRunner().invoke(app, ["plan", str(digits["model"]), "--board", "jetson-orin-nano-8gb",
+                                 "--max-latency-ms", "0.0001"])
+    assert r.exit_code != 0
+    assert isinstance(r.exception, PlanError) and "latency budget" in str(r.exception)
+
+
+def test_convert_precision_auto_uses_the_plan(digits, tmp_path):
+    from edgekit.pipeline import convert
+
+    b = load_board("jetson-nano-4gb")
+    res = convert(str(digits["model"]), target="jetson", out=tmp_path / "b", board="jetson-nano-4gb",
+                  precision="auto", eval_data=str(digits["eval"]))
+    man = res.manifest
+    assert man["precision"] == "fp32"  # least compressed fits the nano's default budgets
+    assert man["plan"]["chosen_by"] == "planner" and "least compressed" in man["plan"]["reason"]
+    assert man["plan"]["estimate"]["ram_mb"] > b.runtime_overhead_mb
+    # a user-chosen precision still carries the estimate (for recalibration from smoke results)
+    res2 = convert(str(digits["model"]), target="jetson", out=tmp_path / "c", board="jetson-nano-4gb", precision="fp16")
+    assert res2.manifest["plan"]["chosen_by"] == "user"
+    assert res2.manifest["plan"]["estimate"]["storage_mb"] < man["plan"]["estimate"]["storage_mb"]
