@@ -143,3 +143,51 @@ def test_flash_and_smoke_local_transport(tmp_path):
     assert s.passed, s.result
     assert names["integrity"] and names["golden"] and names["latency"] and names["power"] is None
     assert s.latency_p50_ms and s.latency_p50_ms > 0
+
+
+def test_cli_bundle_flash_smoke_results_local(tmp_path):
+    """The CLI path on the host board: no --host means the local transport."""
+    from typer.testing import CliRunner
+
+    from edgekit import results
+    from edgekit.cli import app
+
+    db, dest, out = tmp_path / "r.sqlite", tmp_path / "board" / "digits", tmp_path / "d.tar.gz"
+    run = CliRunner().invoke
+    try:
+        assert run(app, ["bundle", str(digits_build()), "-o", str(out), "--results-db", str(db)]).exit_code == 0
+        r = run(app, ["flash", str(out), "--board", "host", "--dest", str(dest), "--results-db", str(db)])
+        assert r.exit_code == 0 and "(local)" in r.output and "6 sent" in r.output, r.output
+        r = run(app, ["smoke", str(out), "--dest", str(dest), "--python", sys.executable, "--results-db", str(db), "--json"])
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["passed"] is True
+        r = run(app, ["results", "--results-db", str(db), "--kind", "smoke"])
+        assert r.exit_code == 0 and "smoke" in r.output and "bundle" not in r.output.split("results:")[1].split("\n", 1)[1]
+        r = run(app, ["flash", str(out), "--board", "nvidia/jetson-orin-nano-8gb", "--results-db", str(db)])
+        assert r.exit_code != 0 and "built for board host/host" in str(r.exception)
+    finally:
+        results.use_db(None)
+
+
+@pytest.mark.parametrize("text, want", [
+    ("local", ("local", "", None, None, None)),
+    ("adb", ("adb", "", None, None, None)),
+    ("adb:R58M123", ("adb", "", None, None, "R58M123")),
+    ("nvidia@10.0.0.7", ("ssh", "10.0.0.7", "nvidia", None, None)),
+    ("root@10.0.0.7:2222", ("ssh", "10.0.0.7", "root", 2222, None)),
+    ("jetson.local", ("ssh", "jetson.local", None, None, None)),
+    ("u@[fe80::1]:22", ("ssh", "fe80::1", "u", 22, None)),
+])
+def test_parse_address(text, want):
+    from edgekit.transports.base import parse_address
+
+    a = parse_address(text)
+    assert (a.kind, a.host, a.user, a.port, a.serial) == want
+
+
+@pytest.mark.parametrize("text", ["root@", "root@host:abc", "u@[fe80::1]:x"])
+def test_parse_address_rejects(text):
+    from edgekit.transports.base import TransportError, parse_address
+
+    with pytest.raises(TransportError, match="cannot read host"):
+        parse_address(text)
