@@ -1,0 +1,201 @@
+"""Android / LiteRT path on the digits example: real litert-torch conversion, real LiteRT
+interpreter (ai-edge-litert, XNNPACK), the bundle's run.py on the host."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+pytest.importorskip("litert_torch")
+pytest.importorskip("ai_edge_litert")
+
+from edgekit.errors import ConversionError, InputSpecError  # noqa: E402
+from edgekit.pipeline import convert  # noqa: E402
+from edgekit.profiles import data_dir, list_boards, load_board, load_target  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def int8_build(digits, tmp_path_factory):
+    out = tmp_path_factory.mktemp("android") / "int8"
+    return convert(digits["model"], "android", out, precision="int8", calib=str(digits["calib"]),
+                   eval_data=str(digits["eval"]))
+
+
+def test_int8_full_integer_with_int8_io(int8_build):
+    man = int8_build.manifest
+    art = man["artifact"]
+    assert art["format"] == "tflite" and art["full_integer"] is True
+    assert art["float_ops"] == []
+    for t in art["io"]["inputs"] + art["io"]["outputs"]:
+        assert t["dtype"] == "int8"
+        assert isinstance(t["scale"], float) and t["scale"] > 0
+        assert -128 <= t["zero_point"] <= 127
+    assert "QUANTIZE" not in art["op_counts"] and "DEQUANTIZE" not in art["op_counts"]
+    # one channel: NCHW -> NHWC is a RESHAPE, no TRANSPOSE at all
+    assert art["transpose"]["total"] <= 1 and art["transpose"]["interior"] == 0
+
+
+def test_int8_accuracy_within_one_point(int8_build):
+    v = int8_build.verification
+    assert v.passed, v.failures
+    assert v.eval_samples == 450 and v.float_accuracy > 0.95
+    assert 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0
+    assert v.outputs[0].top1_agreement >= 0.9
+
+
+def test_interpreter_matches_manifest_quantization(int8_build):
+    from ai_edge_litert.interpreter import Interpreter
+
+    out = int8_build.out_dir
+    it = Interpreter(model_path=str(out / "model.tflite"))
+    it.allocate_tensors()
+    d = it.get_input_details()[0]
+    man_in = int8_build.manifest["artifact"]["io"]["inputs"][0]
+    assert d["dtype"] == np.int8
+    assert d["quantization"][0] == pytest.approx(man_in["scale"]) and d["quantization"][1] == man_in["zero_point"]
+    # the host runner dequantizes: golden outputs in the bundle are float logits of the float model
+    g = np.load(out / "golden.npz")
+    assert g["output_0"].dtype == np.float32
+
+
+def test_host_latency_one_and_two_threads(int8_build):
+    lat = int8_build.manifest["artifact"]["host_latency_ms"]
+    assert set(lat) == {"1", "2"} and all(v > 0 for v in lat.values())
+    assert any("median latency" in n for n in int8_build.manifest["notes"])
+
+
+def test_bundle_runner_on_host(int8_build):
+    out = int8_build.out_dir
+    files = set(int8_build.manifest["files"])
+    assert {"model.tflite", "run.py", "push_and_bench.sh", "README.md", "golden.npz"} <= files
+    r = subprocess.run([sys.executable, str(out / "run.py"), "--iters", "20", "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "smoke_result.json").read_text())
+    assert res["passed"] and res["runtime"].startswith("ai_edge_litert")
+    checks = {c["name"]: c for c in res["checks"]}
+    assert checks["golden"]["passed"] and checks["integrity"]["passed"]
+    assert res["latency_ms"]["p50"] > 0
+
+
+def test_bundle_runner_detects_tampering(int8_build, tmp_path):
+    import shutil
+
+    b = tmp_path / "b"
+    shutil.copytree(int8_build.out_dir, b)
+    data = bytearray((b / "model.tflite").read_bytes())
+    data[-1] ^= 0xFF
+    (b / "model.tflite").write_bytes(bytes(data))
+    r = subprocess.run([sys.executable, str(b / "run.py")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1
+    res = json.loads((b / "smoke_result.json").read_text())
+    assert not res["passed"] and "sha256" in res["checks"][0]["detail"]
+
+
+def test_runner_is_python36_syntax():
+    for name in ("run.py", "parse_benchmark.py"):
+        src = (data_dir("firmware") / "tflite" / name).read_text()
+        ast.parse(src, feature_version=(3, 6))
+
+
+def test_parse_benchmark_model_output(tmp_path):
+    log = tmp_path / "bm.log"
+    log.write_text(
+        "INFO: Loaded model /data/local/tmp/edgekit/model.tflite\n"
+        "INFO: Inference timings in us: Init: 2410, First inference: 1830, Warmup (avg): 901.2, Inference (avg): 873.5\n"
+        "INFO: Memory footprint delta from the start of the tool (MB): init=3.1 overall=4.2\n"
+        "INFO: Peak memory footprint (MB): init=5.5 overall=7.25\n"
+    )
+    script = data_dir("firmware") / "tflite" / "parse_benchmark.py"
+    out = tmp_path / "r.json"
+    r = subprocess.run([sys.executable, str(script), str(log), "--budget-ms", "0.5", "--output", str(out)],
+                       capture_output=True, text=True)
+    assert r.returncode == 1  # 0.8735 ms over a 0.5 ms budget
+    res = json.loads(out.read_text())
+    assert res["latency_avg_ms"] == pytest.approx(0.8735) and res["peak_memory_mb"]["overall"] == 7.25
+    r = subprocess.run([sys.executable, str(script), str(log), "--budget-ms", "1", "--output", str(out)])
+    assert r.returncode == 0
+    log.write_text("ERROR: could not open model\n")
+    assert subprocess.run([sys.executable, str(script), str(log), "--output", str(out)]).returncode == 2
+
+
+def test_push_and_bench_shell_syntax():
+    script = data_dir("firmware") / "tflite" / "push_and_bench.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8-dynamic"])
+def test_float_and_dynamic_precisions(digits, tmp_path, precision):
+    res = convert(digits["model"], "android", tmp_path / precision, precision=precision,
+                  eval_data=str(digits["eval"]))
+    art = res.manifest["artifact"]
+    assert res.verification.passed, res.verification.failures
+    assert art["io"]["inputs"][0]["dtype"] == "float32"
+    if precision == "int8-dynamic":
+        assert res.manifest["artifact"]["quantization"]["weights"].startswith("int8")
+
+
+def test_fp32_matches_float_model(digits, tmp_path):
+    res = convert(digits["model"], "android", tmp_path / "fp32", precision="fp32")
+    assert res.verification.outputs[0].max_rel_error < 1e-4
+    assert res.manifest["artifact"]["io"]["inputs"][0]["dtype"] == "float32"
+
+
+def test_calibration_with_wrong_shape_names_expected(digits, tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, image=np.zeros((10, 1, 4, 4), np.float32))
+    with pytest.raises(InputSpecError, match=r"expects \[N, 1, 8, 8\]"):
+        convert(digits["model"], "android", tmp_path / "o", precision="int8", calib=str(bad))
+    assert not (tmp_path / "o").exists()
+
+
+DD_MODULE = """
+import torch
+class M(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(4, 2)
+    def forward(self, x):
+        if x.sum() > 0:
+            return self.l(x)
+        return -self.l(x)
+def make():
+    return M()
+"""
+
+
+def test_data_dependent_control_flow_is_named(tmp_path, monkeypatch):
+    from edgekit.errors import EdgekitError
+
+    (tmp_path / "ddmod_android.py").write_text(DD_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(EdgekitError, match="data-dependent control flow"):
+        convert("ddmod_android:make", "android", tmp_path / "o", precision="fp32", input_shape=["1,4"])
+    assert not (tmp_path / "o").exists()
+
+
+def test_litert_failure_messages():
+    from edgekit.converters.tflite import _explain_export_failure
+
+    msg = _explain_export_failure(RuntimeError("Could not guard on data-dependent expression u0 > 0"), "m.pt2")
+    assert "data-dependent control flow" in msg and "fixed input shapes" in msg and "torch.cond" in msg
+    assert "could not convert" in _explain_export_failure(ValueError("boom"), "m.pt2")
+
+
+def test_profiles_valid_and_cpu_figures():
+    t = load_target("android")
+    assert t.converter == "tflite" and "int8" in t.precisions and "int8-dynamic" in t.precisions
+    ids = {b.id for b in list_boards("android")}
+    assert {"google/pixel-8", "samsung/galaxy-s24", "raspberrypi/rpi-5", "generic/android-arm64"} <= ids
+    for bid in ids:
+        b = load_board(bid)
+        assert b.precisions == ["fp32", "fp16", "int8-dynamic", "int8"]
+        for m in b.power_modes.values():
+            assert m.peak_tops["int8"] >= m.peak_tops["fp16"] >= m.peak_tops["fp32"]
+        assert b.budgets.power_w <= max(m.power_w for m in b.power_modes.values())
