@@ -124,6 +124,7 @@ class Plan:
     build_dir: Path | None = None
     notes: list[str] = field(default_factory=list)
     profile: Board | None = None  # the board as estimated (with calibration and --set applied)
+    pruning: dict[str, Any] | None = None  # what torch-pruning did, when the choice prunes and was built
 
     @property
     def precision(self) -> str:
@@ -145,6 +146,7 @@ class Plan:
             "candidates": [c.to_json() for c in self.candidates],
             "eval_steps": [asdict(s) for s in self.eval_steps],
             "sensitivity": self.sensitivity,
+            "pruning": self.pruning,
             "build_dir": str(self.build_dir) if self.build_dir else None,
             "notes": self.notes,
         }
@@ -382,9 +384,9 @@ def _pipeline_accuracy(plan: Plan, model, out: Path, precision: str, float_layer
 
 def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, input_shape: list[str] | None = None,
            board_set: list[str] | None = None, out: str | Path | None = None, max_steps: int = 8,
-           log=lambda m: None) -> Plan:
-    """Build the choice, measure its accuracy on ``eval_data``; while the drop is over budget,
-    keep the most quantization-sensitive layers in float (estimates re-checked each step)."""
+           finetune_steps: int = 150, log=lambda m: None) -> Plan:
+    """Build the choice (pruned first where it prunes), measure its accuracy on ``eval_data``; while the
+    drop is over budget, keep the most quantization-sensitive layers in float (estimates re-checked)."""
     from edgekit.data import load_npz
     from edgekit.ingest import load_model
     from edgekit.profiles import load_board
@@ -393,33 +395,46 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
     cand = plan.candidate
     if cand.precision == "int8" and calib is None:
         raise PlanError("the plan chose int8: give --calib FILE.npz (real inputs) so the INT8 build can be calibrated")
-    if cand.prune_ratio or cand.sparsity:
-        raise PlanError(f"the plan chose {cand.label}, which needs pruning; building pruned models with --eval is not "
-                        "supported yet — relax the budget that binds, or plan without --eval")
+    if cand.sparsity:
+        raise PlanError(f"the plan chose {cand.label}: building 2:4 sparse models is not supported yet — relax the "
+                        "budget that binds, or plan without --eval")
     with tempfile.TemporaryDirectory(prefix="edgekit-refine-") as tmp:
         work = Path(tmp)
         build = Path(out) if out else work / "build"
-        opts = dict(eval_data=eval_data, calib=calib, input_shape=input_shape, board_set=board_set, log=log)
-        fa, ca = _pipeline_accuracy(plan, model, build, cand.precision, [], **opts)
-        plan.eval_steps.append(EvalStep([], ca, fa, 100 * (fa - ca)))
-        log(f"{cand.label}: accuracy {ca:.2%} (float {fa:.2%}, drop {100 * (fa - ca):.2f} points, budget {budget})")
-        if 100 * (fa - ca) <= budget + 1e-9:
-            plan.reason += f"; measured accuracy drop {100 * (fa - ca):.2f} points is within the {budget} point budget"
+        m = load_model(model, input_shape)
+        eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval")
+        calib_ds = load_npz(calib, m, what="--calib") if calib else None
+        float_acc = _accuracy(m.reference(), m, eval_ds)  # the unpruned float model: drops count from here
+        build_model, build_shape = model, input_shape
+        if cand.prune_ratio:
+            from edgekit.prune import prune, save_exported
+
+            pruned, info = prune(m, cand.prune_ratio, calib_ds, steps=finetune_steps)
+            build_model, build_shape = str(save_exported(pruned, m, work / "pruned.pt2")), None
+            plan.pruning = info
+            ft = info["finetune"]
+            plan.notes.append(
+                f"pruned {cand.prune_ratio:.0%} of channels with torch-pruning: MACs {info['macs_before']:,} -> "
+                f"{info['macs_after']:,}, params {info['params_before']:,} -> {info['params_after']:,}; fine-tuned "
+                f"{ft['steps']} steps ({ft['kind']}, on {ft['data']}): loss {ft['loss_before']:.4g} -> {ft['loss_after']:.4g}")
+            log(plan.notes[-1])
+        opts = dict(eval_data=eval_data, calib=calib, input_shape=build_shape, board_set=board_set, log=log)
+        _, ca = _pipeline_accuracy(plan, build_model, build, cand.precision, [], **opts)
+        drop = 100 * (float_acc - ca)
+        plan.eval_steps.append(EvalStep([], ca, float_acc, drop))
+        log(f"{cand.label}: accuracy {ca:.2%} (float {float_acc:.2%}, drop {drop:.2f} points, budget {budget})")
+        if drop <= budget + 1e-9:
+            plan.reason += f"; measured accuracy drop {drop:.2f} points is within the {budget} point budget"
             plan.build_dir = build if out else None
             return plan
         if cand.precision != "int8":
             raise PlanError(f"accuracy drop budget {budget} points cannot be met: {cand.label} loses "
-                            f"{100 * (fa - ca):.2f} points (+{100 * (fa - ca) - budget:.2f}); relax --max-accuracy-drop")
+                            f"{drop:.2f} points (+{drop - budget:.2f}); relax --max-accuracy-drop")
         # per-layer sensitivity: accuracy regained by keeping one layer in float
-        m = load_model(model, input_shape)
-        tgt = load_target(plan.target)
-        brd = load_board(plan.board, board_set)
-        eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval")
-        calib_ds = load_npz(calib, m, what="--calib") if calib else None
-        b = _Builder(m, tgt, brd, eval_ds, calib_ds, work)
+        bm = load_model(build_model, build_shape) if cand.prune_ratio else m
+        b = _Builder(bm, load_target(plan.target), load_board(plan.board, board_set), eval_ds, calib_ds, work)
         base = b.accuracy(cand.precision, [])
-        names = weight_layer_names(plan.stats)
-        gain = {name: 100 * (b.accuracy(cand.precision, [name]) - base) for name in names}
+        gain = {name: 100 * (b.accuracy(cand.precision, [name]) - base) for name in weight_layer_names(plan.stats)}
         plan.sensitivity = dict(sorted(gain.items(), key=lambda kv: -kv[1]))
         log("sensitivity (points regained in float): " + ", ".join(f"{k} {v:+.2f}" for k, v in plan.sensitivity.items()))
         kept: list[str] = []
@@ -431,13 +446,13 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
                 raise PlanError(f"accuracy drop budget {budget} points cannot be met within the other budgets: keeping "
                                 f"{len(kept)} layer(s) float exceeds the {BUDGET_NAMES[k]} budget by {_fmt(k, v)}")
             acc = b.accuracy(cand.precision, kept)
-            log(f"{len(kept)} layer(s) float: accuracy {acc:.2%} (drop {100 * (b.float_accuracy - acc):.2f} points)")
-            if 100 * (b.float_accuracy - acc) <= budget + 1e-9:
+            log(f"{len(kept)} layer(s) float: accuracy {acc:.2%} (drop {100 * (float_acc - acc):.2f} points)")
+            if 100 * (float_acc - acc) <= budget + 1e-9:
                 break
         # re-check with the pipeline (the real build)
-        fa, ca = _pipeline_accuracy(plan, model, build, cand.precision, kept, **opts)
-        drop = 100 * (fa - ca)
-        plan.eval_steps.append(EvalStep(list(kept), ca, fa, drop))
+        _, ca = _pipeline_accuracy(plan, build_model, build, cand.precision, kept, **opts)
+        drop = 100 * (float_acc - ca)
+        plan.eval_steps.append(EvalStep(list(kept), ca, float_acc, drop))
         if drop > budget + 1e-9:
             raise PlanError(f"accuracy drop budget {budget} points cannot be met: with {len(kept)} sensitive layer(s) "
                             f"kept float, {cand.precision} still loses {drop:.2f} points (+{drop - budget:.2f}); "

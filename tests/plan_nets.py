@@ -51,3 +51,17 @@ class MobileNetV2(nn.Module):
 def mobilenetv2():
     torch.manual_seed(0)
     return MobileNetV2().eval()
+
+
+def digits():
+    """The digits example as an nn.Module (its trained weights from digits_cnn.pt2): prunable."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "examples" / "digits"
+    spec = importlib.util.spec_from_file_location("digits_train", root / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    net = mod.DigitsCNN()
+    net.load_state_dict(torch.export.load(str(root / "digits_cnn.pt2")).state_dict)
+    return net.eval()
