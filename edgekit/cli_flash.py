@@ -176,7 +176,7 @@ def results_cmd(
     for col in ("id", "when (UTC)", "kind", "board", "bundle", "precision", "model", "est. ms", "measured ms", "result"):
         t.add_column(col)
     for e in rows:
-        fmt = lambda v: "—" if v is None else f"{v:.3g}"  # noqa: E731
+        fmt = lambda v: "—" if v is None else f"{v:.3g}"
         res = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(e.get("passed"), "")
         t.add_row(str(e["id"]), e["at_utc"], e["kind"], e.get("board_id") or "", e.get("bundle") or "",
                   e.get("precision") or "", (e.get("model_sha256") or "")[:12], fmt(e.get("estimated_latency_ms")),

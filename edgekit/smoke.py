@@ -20,8 +20,8 @@ from typing import Any
 
 from edgekit.bundle import MANIFEST, unpack
 from edgekit.errors import EdgekitError
-from edgekit.fsutil import sha256_file
 from edgekit.flash import default_dest
+from edgekit.fsutil import sha256_file
 from edgekit.transports.base import Transport
 
 RESULT_FILE = "smoke_result.json"

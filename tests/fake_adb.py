@@ -96,7 +96,7 @@ class FakeAdbServer:
                         continue
                     if transported and req.startswith("shell:"):
                         conn.sendall(b"OKAY")
-                        proc = subprocess.run(["/bin/sh", "-c", req[6:]], stdout=subprocess.PIPE,
+                        proc = subprocess.run(["/bin/sh", "-c", req[6:]], check=False, stdout=subprocess.PIPE,
                                               stderr=subprocess.STDOUT, cwd="/")
                         conn.sendall(proc.stdout)
                         return

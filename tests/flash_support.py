@@ -19,7 +19,7 @@ DIGITS = ROOT / "examples" / "digits"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def digits_build() -> Path:
     """The digits CNN converted for the jetson target on the host board, int8 (real toolchain)."""
     from edgekit import results
@@ -39,7 +39,7 @@ def digits_build() -> Path:
     return work / "build"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def digits_bundle() -> Path:
     from edgekit.bundle import make_bundle
 

@@ -80,7 +80,7 @@ SCRIPTS = sorted(p for p in (ROOT / "firmware").rglob("*.sh"))
 @pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed (apt-get install shellcheck)")
 @pytest.mark.parametrize("script", SCRIPTS, ids=[str(p.relative_to(ROOT)) for p in SCRIPTS])
 def test_bundle_scripts_pass_shellcheck(script):
-    res = subprocess.run(["shellcheck", "-x", "-S", "warning", str(script)], capture_output=True, text=True)
+    res = subprocess.run(["shellcheck", "-x", "-S", "warning", str(script)], check=False, capture_output=True, text=True)
     assert res.returncode == 0, res.stdout + res.stderr
 
 

@@ -209,8 +209,8 @@ class CorruptingSSHTransport(SSHTransport):
     def put(self, local, remote, progress=None):
         super().put(local, remote, progress)
         if remote.endswith("/" + self.victim):
-            self.check(["python3", "-c", "import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); "
-                        "b[100]^=0xFF; open(p,'wb').write(b)", remote], "corrupting")
+            flip = "import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[100]^=0xFF; open(p,'wb').write(b)"
+            self.check(["python3", "-c", flip, remote], "corrupting")
 
 
 def test_file_corrupted_on_device_is_caught_by_hash(sshd, tmp_path):

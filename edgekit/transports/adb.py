@@ -42,7 +42,7 @@ class AdbTransport(Transport):
 
     def __init__(self, serial: str | None = None, server: str | None = None, timeout: float = 15.0) -> None:
         adbutils = require("adbutils")
-        host, port = "127.0.0.1", int(os.environ.get("ANDROID_ADB_SERVER_PORT", 5037))
+        host, port = "127.0.0.1", int(os.environ.get("ANDROID_ADB_SERVER_PORT", "5037"))
         if server:
             h, _, p = server.rpartition(":")
             host, port = h or host, int(p)

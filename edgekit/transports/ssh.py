@@ -11,7 +11,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import socket
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,7 +54,7 @@ class SSHTransport(Transport):
         except paramiko.AuthenticationException as exc:
             client.close()
             raise TransportError(f"{self.describe()} refused the login ({exc}); give the right user and --key FILE") from None
-        except (OSError, socket.timeout, paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, OSError, paramiko.SSHException, EOFError) as exc:
             client.close()
             raise TransportError(f"cannot connect to {self.describe()}: {exc}; is the board up and sshd listening?") from None
         self.client = client
@@ -108,7 +107,7 @@ class SSHTransport(Transport):
                     on_line(text)
             rc = chan.recv_exit_status()
             chan.close()
-        except (OSError, socket.timeout, self._paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, OSError, self._paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc, f"`{quote(argv)[:80]}`") from None
         return rc, "".join(out)
 
@@ -124,7 +123,7 @@ class SSHTransport(Transport):
         cb = (lambda done, _total: progress(done)) if progress else None
         try:
             self.sftp.put(local, remote, callback=cb, confirm=True)
-        except (OSError, socket.timeout, self._paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, OSError, self._paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc, f"upload of {Path(local).name}") from None
 
     def get(self, remote: str) -> bytes:
@@ -133,20 +132,20 @@ class SSHTransport(Transport):
                 return f.read()
         except FileNotFoundError:
             raise TransportError(f"{remote} does not exist on {self.describe()}") from None
-        except (OSError, socket.timeout, self._paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, OSError, self._paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc, f"download of {remote}") from None
 
     def rename(self, src: str, dst: str) -> None:
         try:
             self.sftp.posix_rename(src, dst)
-        except (OSError, socket.timeout, self._paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, OSError, self._paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc, f"rename of {src}") from None
 
     # SFTP for file-system operations: each exec costs a session (~0.3 s on a small board); SFTP is one round trip
     def _sftp_call(self, what: str, fn, *args):
         try:
             return fn(*args)
-        except (socket.timeout, self._paramiko.SSHException, EOFError) as exc:
+        except (TimeoutError, self._paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc, what) from None
 
     def exists(self, path: str) -> bool:
