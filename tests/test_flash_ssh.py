@@ -76,6 +76,7 @@ def test_end_to_end_flash_and_smoke_over_ssh(sshd, tmp_path):
     assert r.exit_code == 0, r.output
     assert "every sha256 verified on the board" in r.output
     assert _installed_ok(dest, bundle) and not Path(f"{dest}.staging").exists()
+    assert os.access(dest / "build_engine.sh", os.X_OK)  # scripts stay executable on the board
     t1 = time.perf_counter()
     r = _cli("smoke", str(bundle), *common, "--python", sys.executable)
     t_smoke = time.perf_counter() - t1

@@ -44,6 +44,7 @@ class LocalTransport(Transport):
                 done += len(block)
                 if progress:
                     progress(done)
+        shutil.copymode(local, remote)  # keep scripts executable
 
     def get(self, remote: str) -> bytes:
         try:

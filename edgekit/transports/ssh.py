@@ -123,6 +123,7 @@ class SSHTransport(Transport):
         cb = (lambda done, _total: progress(done)) if progress else None
         try:
             self.sftp.put(local, remote, callback=cb, confirm=True)
+            self.sftp.chmod(remote, os.stat(local).st_mode & 0o755)  # keep scripts executable
         except (TimeoutError, OSError, self._paramiko.SSHException, EOFError) as exc:
             raise self._lost(exc, f"upload of {Path(local).name}") from None
 
