@@ -84,6 +84,8 @@ def flash(bundle: str | Path, transport: Transport, dest: str | None = None,
         resuming = transport.exists(staging)
         if resuming:
             log(f"resuming: {staging} exists from an earlier run")
+            for rel in sorted(set(transport.list_files(staging)) - set(order)):  # left by another bundle
+                transport.remove(posixpath.join(staging, rel))
         transport.makedirs(staging)
         for d in sorted({posixpath.dirname(r) for r in order} - {""}):
             transport.makedirs(posixpath.join(staging, d))

@@ -138,6 +138,13 @@ def test_flash_and_smoke_local_transport(tmp_path):
     assert len(r1.uploaded) == 6 and not r1.skipped and not Path(dest + ".staging").exists()
     r2 = flash(digits_bundle(), t, dest=dest)
     assert r2.already_installed and not r2.uploaded
+    # a staging folder left by an interrupted run of ANOTHER bundle: stray files go, good ones are kept
+    shutil.rmtree(dest)
+    Path(dest + ".staging").mkdir()
+    (Path(dest + ".staging") / "stray.bin").write_bytes(b"from another bundle")
+    shutil.copy(digits_build() / "run.py", dest + ".staging/run.py")
+    r3 = flash(digits_bundle(), t, dest=dest)
+    assert r3.skipped == ["run.py"] and len(r3.uploaded) == 5 and not (Path(dest) / "stray.bin").exists()
     s = smoke(digits_bundle(), t, dest=dest, python=sys.executable)
     names = {c["name"]: c["passed"] for c in s.checks}
     assert s.passed, s.result

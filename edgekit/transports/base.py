@@ -123,6 +123,14 @@ class Transport:
     def remove(self, path: str) -> None:
         self.check(["rm", "-f", "--", path], f"remove {path}")
 
+    def list_files(self, root: str) -> list[str]:
+        """Regular files under ``root``, as paths relative to it."""
+        rc, out = self.run(["find", root, "-type", "f"])
+        if rc != 0:
+            return []
+        pre = root.rstrip("/") + "/"
+        return sorted(ln[len(pre):] for ln in out.splitlines() if ln.startswith(pre))
+
     def sha256(self, paths: Sequence[str]) -> dict[str, str | None]:
         """sha256 of each path computed ON the board (None where missing or unreadable)."""
         out: dict[str, str | None] = {p: None for p in paths}

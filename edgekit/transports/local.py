@@ -70,5 +70,9 @@ class LocalTransport(Transport):
     def copy_file(self, src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
+    def list_files(self, root: str) -> list[str]:
+        base = Path(root)
+        return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file() and not p.is_symlink())
+
     def sha256(self, paths: Sequence[str]) -> dict[str, str | None]:
         return {p: sha256_file(Path(p)) if os.path.isfile(p) else None for p in paths}
