@@ -5,6 +5,9 @@ shape allows), with two consecutive residual blocks at one width so that one res
 ADD feeds the next ADD directly: the pattern that litert-torch's default PT2E config
 leaves in float. Trained for a few seconds on scikit-learn's digits (8x8 upsampled to
 ``size`` x ``size``, 3 channels) so that accuracy and top-1 agreement mean something.
+
+The trained model is committed as examples/mbv2_digits/mbv2.pt2 (``python bench/android_nets.py``
+rewrites it); tests regenerate its calib/eval data with :func:`write_data`.
 """
 
 from __future__ import annotations
@@ -74,18 +77,35 @@ def digits_rgb(size: int = 32) -> tuple[np.ndarray, np.ndarray]:
     return x, d.target.astype(np.int64)
 
 
-def trained_mbv2(size: int = 32, epochs: int = 6, seed: int = 0):
+def split(size: int = 16, seed: int = 0):
+    """(train x, train y, calib [200,3,s,s], eval x, eval y): a fixed split of scikit-learn's digits."""
+    x, y = digits_rgb(size)
+    idx = np.random.default_rng(seed).permutation(len(x))
+    tr, te = idx[:1300], idx[1300:]
+    return x[tr], y[tr], x[tr[:200]], x[te], y[te]
+
+
+def write_data(folder, size: int = 16, seed: int = 0):
+    """calib.npz and eval.npz for the committed model (regenerated from scikit-learn's digits)."""
+    from pathlib import Path
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    _, _, calib, ex, ey = split(size, seed)
+    np.savez(folder / "calib.npz", image=calib)
+    np.savez(folder / "eval.npz", image=ex, label=ey)
+    return folder / "calib.npz", folder / "eval.npz"
+
+
+def trained_mbv2(size: int = 16, epochs: int = 6, seed: int = 0):
     """(model in eval mode, calib [200,3,s,s], eval images, eval labels)."""
     import torch
 
     torch.manual_seed(seed)
-    x, y = digits_rgb(size)
-    rng = np.random.default_rng(seed)
-    idx = rng.permutation(len(x))
-    tr, te = idx[:1300], idx[1300:]
+    xtr, ytr, calib, ex, ey = split(size, seed)
     model = _build()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    xt, yt = torch.from_numpy(x[tr]), torch.from_numpy(y[tr])
+    xt, yt = torch.from_numpy(xtr), torch.from_numpy(ytr)
     model.train()
     for _ in range(epochs):
         perm = torch.randperm(len(xt))
@@ -96,10 +116,10 @@ def trained_mbv2(size: int = 32, epochs: int = 6, seed: int = 0):
             loss.backward()
             opt.step()
     model.eval()
-    return model, x[tr[:200]], x[te], y[te]
+    return model, calib, ex, ey
 
 
-def save_mbv2(folder, size: int = 32):
+def save_mbv2(folder, size: int = 16):
     """Write mbv2.pt2 (torch.export, batch 1), calib.npz and eval.npz into ``folder``."""
     from pathlib import Path
 
@@ -110,8 +130,16 @@ def save_mbv2(folder, size: int = 32):
     model, calib, ex, ey = trained_mbv2(size)
     ep = torch.export.export(model, (torch.from_numpy(calib[:1]),))
     torch.export.save(ep, str(folder / "mbv2.pt2"))
-    np.savez(folder / "calib.npz", image=calib)
-    np.savez(folder / "eval.npz", image=ex, label=ey)
+    write_data(folder, size)
     with torch.no_grad():
         acc = float((model(torch.from_numpy(ex)).argmax(1).numpy() == ey).mean())
     return folder / "mbv2.pt2", acc
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    path, acc = save_mbv2(Path(__file__).resolve().parents[1] / "examples" / "mbv2_digits")
+    for f in ("calib.npz", "eval.npz"):
+        (path.parent / f).unlink()
+    print(f"wrote {path} (float eval accuracy {acc:.2%})")
