@@ -115,13 +115,30 @@ def make():
 """
 
 
-def test_float_op_fails_full_integer_unless_allowed(data, tmp_path, monkeypatch):
+def test_float_op_fails_full_integer_unless_allowed(tmp_path, monkeypatch):
+    from edgekit.converters import ConvertJob
+    from edgekit.converters.tflite import CONVERTER
+    from edgekit.data import random_dataset
+    from edgekit.errors import UnsupportedOpError
+    from edgekit.ingest import load_model
+    from edgekit.profiles import default_board, load_target
+
     (tmp_path / "hswish_android.py").write_text(HSWISH)
     monkeypatch.syspath_prepend(str(tmp_path))
-    with pytest.raises(ConversionError, match=r"HARD_SWISH.*allow_float_fallback"):
+    # before converting: the op report names the node that cannot be integer
+    with pytest.raises(UnsupportedOpError, match="HardSwish"):
         convert("hswish_android:make", "android", tmp_path / "o", precision="int8", calib="random",
                 input_shape=["1,3,16,16"])
     assert not (tmp_path / "o").exists()
+    # after converting: the audit of the .tflite finds the float op and refuses the build
+    m = load_model("hswish_android:make", ["1,3,16,16"])
+    (tmp_path / "job").mkdir()
+    job = ConvertJob(model=m, target=load_target("android"), board=default_board("android"), precision="int8",
+                     calib=random_dataset(m, n=16), out_dir=tmp_path / "job", work_dir=tmp_path, log=lambda s: None,
+                     warn=lambda s: None)
+    with pytest.raises(ConversionError, match=r"HARD_SWISH.*allow_float_fallback"):
+        CONVERTER.convert(job)
+    # allowed: the build goes through, marked not full-integer, with a warning
     res = convert("hswish_android:make", "android", tmp_path / "o2", precision="int8", calib="random",
                   input_shape=["1,3,16,16"], options={"allow_float_fallback": True})
     art = res.manifest["artifact"]
