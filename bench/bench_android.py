@@ -53,7 +53,8 @@ def main() -> None:
                          a.get("full_integer", "-"), res.manifest["files"][a["primary"]]["bytes"] / 1e3,
                          100 * (v.float_accuracy or 0), 100 * (v.converted_accuracy or 0),
                          a["host_latency_ms"]["1"], a["host_latency_ms"]["2"]))
-    head = ("model", "prec", "conv s", "ops", "TRANSPOSE", "full int8", "KB", "float acc", "acc", "1 thr ms", "2 thr ms")
+    head = ("model", "prec", "conv s", "ops", "TRANSPOSE", "full int8", "KB", "float acc", "acc",
+            "1 thr ms", "2 thr ms")
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     for r in rows:

@@ -7,9 +7,10 @@ int8-dynamic   PT2E dynamic config: int8 per-channel weights, activations quanti
                time inside the kernels (no calibration), float I/O.
 int8           full integer: PT2E static config (per-channel symmetric int8 weights,
                per-tensor affine int8 activations, HistogramObserver ranges calibrated on
-               --calib), int8 input and output tensors. litert-torch's add annotator misses
-               residual ADDs (MobileNetV2 blocks), which then stay float between DEQUANTIZE
-               and QUANTIZE; edgekit annotates every ``aten.add`` itself, and audits every
+               --calib), int8 input and output tensors. litert-torch's add/mul annotators miss
+               nodes of a program loaded from .pt2 (no source_fn_stack), and residual ADDs
+               (MobileNetV2 blocks) then stay float between DEQUANTIZE and QUANTIZE; edgekit
+               annotates every binary ``aten.add``/``aten.mul`` itself, and audits every
                op's tensor types after converting: a float op fails the build with the op
                list unless ``allow_float_fallback`` is set.
 
@@ -70,7 +71,7 @@ def _litert_torch():
 
 
 def _quantizer(dynamic: bool):
-    """litert-torch's PT2EQuantizer, with every residual ``aten.add`` annotated."""
+    """litert-torch's PT2EQuantizer, with every binary ``aten.add``/``aten.mul`` annotated."""
     torch = require("torch")
     pq = require("litert_torch.quantize.pt2e_quantizer", EXTRA)
     from litert_torch.quantize.pt2e_quantizer_utils import (
@@ -84,15 +85,19 @@ def _quantizer(dynamic: bool):
         fixed_adds = 0
 
         def annotate(self, model):
+            binary = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor, torch.ops.aten.mul.Tensor,
+                      torch.ops.aten.mul_.Tensor)
             if dynamic:
                 return super().annotate(model)
             model = self._annotate_for_static_quantization_config(model)
             cfg = self.global_config
-            # The stock "add" annotator works on source partitions, and an ADD whose input is
-            # another ADD lands in the same partition, of which only output_nodes[0] is
-            # annotated: the rest stay float (DEQUANTIZE -> ADD -> QUANTIZE in the .tflite).
+            # The stock "add"/"mul" annotators find their nodes through source partitions
+            # (node.meta["source_fn_stack"]), which a program loaded from a .pt2 does not carry:
+            # those nodes are left unannotated, and where an ADD feeds another ADD (MobileNetV2
+            # residuals) the result is DEQUANTIZE -> float ADD -> QUANTIZE in the .tflite.
+            # Annotate every binary add/mul on tensors here.
             for n in model.graph.nodes:
-                if (n.op == "call_function" and n.target in (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor)
+                if (n.op == "call_function" and n.target in binary
                         and "quantization_annotation" not in n.meta
                         and all(isinstance(a, torch.fx.Node) for a in n.args[:2])):
                     n.meta["quantization_annotation"] = QuantizationAnnotation(
@@ -320,13 +325,14 @@ class TFLiteConverter:
         info: dict[str, Any] = {
             "tool": "litert-torch PT2E " + ("dynamic" if dynamic else "static"),
             "weights": "int8 symmetric per-channel",
-            "activations": "int8 quantized at run time (dynamic range)" if dynamic else "int8 per-tensor affine (HistogramObserver)",
+            "activations": ("int8 quantized at run time (dynamic range)" if dynamic
+                            else "int8 per-tensor affine (HistogramObserver)"),
             "io": "float32" if dynamic else "int8",
         }
         if not dynamic:
             info.update({"calibration_batches": n_batches, "calibration_source": job.calib.source,
-                         "residual_adds_annotated_by_edgekit": q.fixed_adds})
-            job.log(f"PT2E calibrated on {n_batches} batches; {q.fixed_adds} ADD(s) annotated for int8")
+                         "add_mul_annotated_by_edgekit": q.fixed_adds})
+            job.log(f"PT2E calibrated on {n_batches} batches; {q.fixed_adds} add/mul node(s) annotated by edgekit")
         return info, edge
 
     def _latency(self, path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:

@@ -107,7 +107,8 @@ def test_parse_benchmark_model_output(tmp_path):
     log = tmp_path / "bm.log"
     log.write_text(
         "INFO: Loaded model /data/local/tmp/edgekit/model.tflite\n"
-        "INFO: Inference timings in us: Init: 2410, First inference: 1830, Warmup (avg): 901.2, Inference (avg): 873.5\n"
+        "INFO: Inference timings in us: Init: 2410, First inference: 1830, "
+        "Warmup (avg): 901.2, Inference (avg): 873.5\n"
         "INFO: Memory footprint delta from the start of the tool (MB): init=3.1 overall=4.2\n"
         "INFO: Peak memory footprint (MB): init=5.5 overall=7.25\n"
     )

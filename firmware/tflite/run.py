@@ -211,7 +211,8 @@ def main(argv=None):
             "%d samples; worst output %r max error %.3g (%.2f%% of range, tolerance %.2f%%)%s" % (
                 n, worst["output"], worst["max_abs_error"], 100 * worst["max_rel_error"],
                 100 * worst["tolerance_rel"],
-                "" if worst["top1_agreement"] is None else ", top-1 agreement %.1f%%" % (100 * worst["top1_agreement"])),
+                "" if worst["top1_agreement"] is None
+                else ", top-1 agreement %.1f%%" % (100 * worst["top1_agreement"])),
             outputs=per)
 
         model.set_inputs([golden[s["key"]][0:bs] for s in ins])
@@ -236,7 +237,8 @@ def main(argv=None):
         result["peak_rss_mb"] = rss
         ram_budget = manifest.get("budgets", {}).get("ram_mb")
         if rss is not None and ram_budget:
-            add("memory", rss <= ram_budget, "peak RSS %.1f MB; budget %.0f MB" % (rss, ram_budget), budget_mb=ram_budget)
+            add("memory", rss <= ram_budget, "peak RSS %.1f MB; budget %.0f MB" % (rss, ram_budget),
+                budget_mb=ram_budget)
         else:
             add("memory", None, "peak RSS %s MB" % ("%.1f" % rss if rss is not None else "unknown"))
         result["power_w"] = None
