@@ -280,19 +280,24 @@ class TFLiteConverter:
         aq = require("ai_edge_quantizer.quantizer", EXTRA)
         qt = require("ai_edge_quantizer.qtyping", EXTRA)
         q = aq.Quantizer(str(src))
-        for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", "BATCH_MATMUL"):
-            q.update_quantization_recipe(
-                regex=".*", algorithm_key=aq.AlgorithmName.FLOAT_CASTING,
-                operation_name=getattr(qt.TFLOperationName, op),
-                op_config=qt.OpQuantizationConfig(
-                    weight_tensor_config=qt.TensorQuantizationConfig(num_bits=16, dtype=qt.TensorDataType.FLOAT),
-                    compute_precision=qt.ComputePrecision.FLOAT, explicit_dequantize=True,
-                ),
-            )
+        cast = []
+        for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "CONV_2D_TRANSPOSE", "EMBEDDING_LOOKUP"):
+            try:
+                q.update_quantization_recipe(
+                    regex=".*", algorithm_key=aq.AlgorithmName.FLOAT_CASTING,
+                    operation_name=getattr(qt.TFLOperationName, op),
+                    op_config=qt.OpQuantizationConfig(
+                        weight_tensor_config=qt.TensorQuantizationConfig(num_bits=16, dtype=qt.TensorDataType.FLOAT),
+                        compute_precision=qt.ComputePrecision.FLOAT, explicit_dequantize=True,
+                    ),
+                )
+                cast.append(op)
+            except (ValueError, AttributeError):  # op not offered by this ai-edge-quantizer's FLOAT_CASTING
+                continue
         with _quiet():
             res = q.quantize(enable_progress_report=False)
         dest.write_bytes(bytes(res.quantized_model))
-        return {"tool": "ai-edge-quantizer FLOAT_CASTING", "weights": "fp16 (conv, depthwise, linear)",
+        return {"tool": "ai-edge-quantizer FLOAT_CASTING", "weights": "fp16 weights of " + ", ".join(cast),
                 "activations": "fp32", "io": "float32"}
 
     def _pt2e(self, job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):

@@ -130,7 +130,6 @@ def test_push_and_bench_shell_syntax():
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8-dynamic"])
 def test_float_and_dynamic_precisions(digits, tmp_path, precision):
     res = convert(digits["model"], "android", tmp_path / precision, precision=precision,
@@ -138,8 +137,18 @@ def test_float_and_dynamic_precisions(digits, tmp_path, precision):
     art = res.manifest["artifact"]
     assert res.verification.passed, res.verification.failures
     assert art["io"]["inputs"][0]["dtype"] == "float32"
+    size = res.manifest["files"]["model.tflite"]["bytes"]
+    if precision == "fp32":
+        assert "DEQUANTIZE" not in art["op_counts"] and v_rel(res) < 1e-4
+    if precision == "fp16":  # fp16 weights, explicit DEQUANTIZE to fp32 compute
+        assert art["op_counts"].get("DEQUANTIZE", 0) >= 3
+        assert size < 50_000
     if precision == "int8-dynamic":
-        assert res.manifest["artifact"]["quantization"]["weights"].startswith("int8")
+        assert art["quantization"]["weights"].startswith("int8") and size < 30_000
+
+
+def v_rel(res):
+    return res.verification.outputs[0].max_rel_error
 
 
 def test_fp32_matches_float_model(digits, tmp_path):
