@@ -14,7 +14,8 @@ int8           full integer: PT2E static config (per-channel symmetric int8 weig
                op's tensor types after converting: a float op fails the build with the op
                list unless ``allow_float_fallback`` is set.
 
-Options (``--option key=value``): ``layout=nhwc`` (NHWC input/output, no TRANSPOSE at the
+Options (``--option key=value``): ``io=float`` (int8: float32 input/output tensors with
+QUANTIZE/DEQUANTIZE at the edges, the int8 scale/zero point stay in the manifest), ``layout=nhwc`` (NHWC input/output, no TRANSPOSE at the
 edges; the host verifier transposes the NCHW golden data), ``allow_float_fallback=true``,
 ``threads=N`` (host interpreter threads for verification, default 2).
 """
@@ -115,8 +116,9 @@ def _quantizer(dynamic: bool):
 # ---------------------------------------------------------------- audit
 
 
-def audit(path: Path) -> dict[str, Any]:
-    """Every op of the .tflite with its tensor types; float ops, TRANSPOSEs and where they sit."""
+def audit(path: Path, float_io_ok: bool = False) -> dict[str, Any]:
+    """Every op of the .tflite with its tensor types; float ops, TRANSPOSEs and where they sit.
+    With ``float_io_ok``, the QUANTIZE at an input and the DEQUANTIZE at an output are not float ops."""
     s = require("ai_edge_litert.schema_py_generated", EXTRA)
     model = s.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
     op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
@@ -142,7 +144,9 @@ def audit(path: Path) -> dict[str, Any]:
         counts[name] = counts.get(name, 0) + 1
         ops.append({"index": k, "op": name, "types": types, "node": tname(outs[0]) if outs else "",
                     "at_input": any(i in graph_in for i in ins), "at_output": any(o in graph_out for o in outs)})
-    float_ops = [o for o in ops if set(o["types"]) & _FLOAT_TYPES]
+    float_ops = [o for o in ops if set(o["types"]) & _FLOAT_TYPES
+                 and not (float_io_ok and ((o["op"] == "QUANTIZE" and o["at_input"])
+                                           or (o["op"] == "DEQUANTIZE" and o["at_output"])))]
     transposes = [o for o in ops if o["op"] == "TRANSPOSE"]
     edge = [o for o in transposes if o["at_input"] or o["at_output"]]
     io_t = {"inputs": [_tensor_info(sg.tensors[i], type_names) for i in sg.inputs],
@@ -180,6 +184,66 @@ def format_float_ops(float_ops: list[dict[str, Any]], limit: int = 12) -> str:
     return "; ".join(shown) + more
 
 
+def float_io(path: Path) -> int:
+    """Give an int8 .tflite float32 input/output tensors: QUANTIZE after each int8 input and
+    DEQUANTIZE before each int8 output, with the tensors' own scale and zero point (the
+    "--io float" build). Returns the number of edges changed. Rewrites ``path``."""
+    import copy
+
+    flatbuffers = require("flatbuffers", EXTRA)
+    s = require("ai_edge_litert.schema_py_generated", EXTRA)
+    model = s.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    sg = model.subgraphs[0]
+
+    def opcode(code: int, version: int) -> int:
+        for i, oc in enumerate(model.operatorCodes):
+            if max(oc.builtinCode, oc.deprecatedBuiltinCode) == code:
+                oc.version = max(oc.version, version)
+                return i
+        oc = s.OperatorCodeT()
+        oc.builtinCode, oc.deprecatedBuiltinCode, oc.version = code, min(code, 127), version
+        model.operatorCodes.append(oc)
+        return len(model.operatorCodes) - 1
+
+    def float_twin(i: int) -> int:
+        t = copy.deepcopy(sg.tensors[i])
+        t.type, t.quantization = s.TensorType.FLOAT32, None
+        t.name = (t.name.decode() if isinstance(t.name, bytes) else str(t.name)) + "_float"
+        buf = s.BufferT()
+        model.buffers.append(buf)
+        t.buffer = len(model.buffers) - 1
+        sg.tensors.append(t)
+        return len(sg.tensors) - 1
+
+    remap: dict[int, int] = {}
+    head, tail = [], []
+    sg.inputs, sg.outputs = [int(i) for i in sg.inputs], [int(i) for i in sg.outputs]
+    for k, i in enumerate(list(sg.inputs)):
+        if sg.tensors[i].type != s.TensorType.INT8:
+            continue
+        f = float_twin(i)
+        op = s.OperatorT()
+        op.opcodeIndex, op.inputs, op.outputs = opcode(s.BuiltinOperator.QUANTIZE, 1), [f], [i]
+        head.append(op)
+        sg.inputs[k] = remap[i] = f
+    for k, i in enumerate(list(sg.outputs)):
+        if sg.tensors[i].type != s.TensorType.INT8:
+            continue
+        f = float_twin(i)
+        op = s.OperatorT()
+        op.opcodeIndex, op.inputs, op.outputs = opcode(s.BuiltinOperator.DEQUANTIZE, 2), [i], [f]
+        tail.append(op)
+        sg.outputs[k] = remap[i] = f
+    sg.operators = head + list(sg.operators) + tail
+    for sig in model.signatureDefs or []:
+        for tm in list(sig.inputs or []) + list(sig.outputs or []):
+            tm.tensorIndex = remap.get(tm.tensorIndex, tm.tensorIndex)
+    b = flatbuffers.Builder(1024)
+    b.Finish(model.Pack(b), file_identifier=b"TFL3")
+    Path(path).write_bytes(bytes(b.Output()))
+    return len(remap)
+
+
 # ---------------------------------------------------------------- converter
 
 
@@ -197,6 +261,9 @@ class TFLiteConverter:
         if layout not in ("nchw", "nhwc"):
             raise ConversionError(f"--option layout={layout}: choose nchw (as the torch model) or nhwc")
         allow_fallback = _truthy(job.options.get("allow_float_fallback"))
+        io_kind = str(job.options.get("io") or "int8").lower()
+        if io_kind not in ("int8", "float"):
+            raise ConversionError(f"--option io={io_kind}: choose int8 (default for int8) or float")
         torch = require("torch")
         lt = _litert_torch()
         dest = job.out_dir / PRIMARY
@@ -215,12 +282,17 @@ class TFLiteConverter:
             meta["quantization"], edge = self._pt2e(job, lt, module, sample, layout, dynamic=job.precision != "int8")
             with _quiet():
                 edge.export(str(dest))
+            if job.precision == "int8" and io_kind == "float":
+                meta["int8_io"] = audit(dest)["io"]  # the scale/zero point inside the float edges
+                n = float_io(dest)
+                meta["quantization"]["io"] = "float32 (QUANTIZE/DEQUANTIZE at the edges)"
+                job.log(f"io=float: {n} int8 input/output tensor(s) given float32 twins")
         else:
             raise ConversionError(
                 f"precision {job.precision!r} is not offered by the android target (fp32, fp16, int8-dynamic, int8)"
             )
         meta["conversion_s"] = round(time.perf_counter() - t0, 2)
-        rep = audit(dest)
+        rep = audit(dest, float_io_ok=io_kind == "float")
         meta["io"] = rep["io"]
         meta["op_counts"] = rep["op_counts"]
         meta["transpose"] = rep["transpose"]
@@ -242,9 +314,10 @@ class TFLiteConverter:
                     )
                 job.warn(f"{len(rep['float_ops'])} op(s) stay float (allowed by allow_float_fallback): {listed}")
             else:
-                notes.append("full integer: every op takes and gives int8 tensors "
-                             f"(input scale {rep['io']['inputs'][0]['scale']:.6g}, "
-                             f"zero point {rep['io']['inputs'][0]['zero_point']})")
+                q_in = (meta.get("int8_io") or rep["io"])["inputs"][0]
+                notes.append("full integer: every op takes and gives int8 tensors"
+                             + (" behind float32 I/O" if io_kind == "float" else "")
+                             + f" (input scale {q_in['scale']:.6g}, zero point {q_in['zero_point']})")
         threads = int(job.options.get("threads") or 2)
         meta["host_latency_ms"] = self._latency(dest, (1, 2))
         meta["verify_threads"] = threads

@@ -209,3 +209,15 @@ def test_profiles_valid_and_cpu_figures():
         for m in b.power_modes.values():
             assert m.peak_tops["int8"] >= m.peak_tops["fp16"] >= m.peak_tops["fp32"]
         assert b.budgets.power_w <= max(m.power_w for m in b.power_modes.values())
+
+
+def test_int8_with_float_io(digits, tmp_path):
+    res = convert(digits["model"], "android", tmp_path / "iof", precision="int8", calib=str(digits["calib"]),
+                  eval_data=str(digits["eval"]), options={"io": "float"})
+    art = res.manifest["artifact"]
+    assert [t["dtype"] for t in art["io"]["inputs"] + art["io"]["outputs"]] == ["float32", "float32"]
+    assert art["op_counts"]["QUANTIZE"] == 1 and art["op_counts"]["DEQUANTIZE"] == 1
+    assert art["full_integer"] and art["float_ops"] == []  # the edge QUANTIZE/DEQUANTIZE are what was asked
+    assert art["int8_io"]["inputs"][0]["dtype"] == "int8" and art["int8_io"]["inputs"][0]["scale"] > 0
+    v = res.verification
+    assert v.passed and 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0
