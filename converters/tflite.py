@@ -14,10 +14,13 @@ int8           full integer: PT2E static config (per-channel symmetric int8 weig
                op's tensor types after converting: a float op fails the build with the op
                list unless ``allow_float_fallback`` is set.
 
-Options (``--option key=value``): ``io=float`` (int8: float32 input/output tensors with
-QUANTIZE/DEQUANTIZE at the edges, the int8 scale/zero point stay in the manifest), ``layout=nhwc`` (NHWC input/output, no TRANSPOSE at the
-edges; the host verifier transposes the NCHW golden data), ``allow_float_fallback=true``,
-``threads=N`` (host interpreter threads for verification, default 2).
+Options (``--option key=value``):
+  ``io=float``                  int8 with float32 input/output tensors (QUANTIZE/DEQUANTIZE at the
+                                edges; the int8 scale/zero point stay in the manifest)
+  ``layout=nhwc``               NHWC input/output, no TRANSPOSE at the edges (the host verifier
+                                transposes the NCHW golden data)
+  ``allow_float_fallback=true`` accept ops that stay float in an int8 build (warns)
+  ``threads=N`` (host interpreter threads for verification, default 2).
 """
 
 from __future__ import annotations
@@ -301,6 +304,11 @@ class TFLiteConverter:
         job.log(f"{PRIMARY}: {sum(rep['op_counts'].values())} ops "
                 + ", ".join(f"{k}x{n}" for k, n in sorted(rep["op_counts"].items()))
                 + f"; TRANSPOSE {rep['transpose']['total']} ({rep['transpose']['at_edges']} at the edges)")
+        notes.append("op report after converting: " + ", ".join(f"{k}x{n}" for k, n in sorted(rep["op_counts"].items()))
+                     + f"; TRANSPOSE {rep['transpose']['total']} ({rep['transpose']['at_edges']} at the edges)"
+                     + (f"; float ops: {format_float_ops(rep['float_ops'])}" if rep["float_ops"] else "; no float ops")
+                     + (f"; no int8 kernel in XNNPACK/NNAPI for: {', '.join(rep['not_delegable_int8'])}"
+                        if rep["not_delegable_int8"] else ""))
         if rep["transpose"]["interior"]:
             job.warn(f"{rep['transpose']['interior']} TRANSPOSE op(s) inside the graph cost time at run time")
         if job.precision == "int8":
