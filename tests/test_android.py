@@ -128,6 +128,11 @@ def test_parse_benchmark_model_output(tmp_path):
 def test_push_and_bench_shell_syntax():
     script = data_dir("firmware") / "tflite" / "push_and_bench.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    import shutil
+
+    if shutil.which("shellcheck"):
+        r = subprocess.run(["shellcheck", str(script)], capture_output=True, text=True)
+        assert r.returncode == 0, r.stdout
 
 
 @pytest.mark.parametrize("precision", ["fp32", "fp16", "int8-dynamic"])
