@@ -226,3 +226,56 @@ def test_int8_with_float_io(digits, tmp_path):
     assert art["int8_io"]["inputs"][0]["dtype"] == "int8" and art["int8_io"]["inputs"][0]["scale"] > 0
     v = res.verification
     assert v.passed and 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0
+
+
+FAKE_ADB = r"""#!/usr/bin/env bash
+# FakeAdb: stands in for a phone. Files pushed land under $FAKE_PHONE; `shell` runs a few commands.
+set -e
+[ "$1" = "-s" ] && shift 2
+root="$FAKE_PHONE"
+case "$1" in
+  get-state) echo device ;;
+  push) mkdir -p "$root$(dirname "$3")"; cp "$2" "$root$3" ;;
+  shell)
+    shift
+    set -- $*
+    case "$1" in
+      mkdir) mkdir -p "$root$3" ;;
+      sha256sum) sha256sum "$root$2" | sed "s#$root##" ;;
+      chmod) chmod "$2" "$root$3" ;;
+      getprop) echo "FakePhone 8" ;;
+      */benchmark_model)
+        echo "INFO: Graph: [$2]"
+        echo "INFO: Inference timings in us: Init: 1500, First inference: 900, Warmup (avg): 420.5, Inference (avg): 401.25" ;;
+      *) echo "fake adb: unknown shell command $*" >&2; exit 1 ;;
+    esac ;;
+  *) echo "fake adb: unknown command $1" >&2; exit 1 ;;
+esac
+"""
+
+
+def test_push_and_bench_with_fake_adb(int8_build, tmp_path):
+    """No phone here: a FakeAdb script on PATH plays one (push, sha256sum, benchmark_model output)."""
+    import os
+    import shutil
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(int8_build.out_dir, bundle)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    (bindir / "adb").write_text(FAKE_ADB)
+    (bindir / "adb").chmod(0o755)
+    bm = tmp_path / "benchmark_model"
+    bm.write_text("#!/bin/sh\n")
+    env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "FAKE_PHONE": str(tmp_path / "phone")}
+    r = subprocess.run(["bash", str(bundle / "push_and_bench.sh"), "--benchmark-model", str(bm), "--threads", "2"],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((bundle / "bench_result.json").read_text())
+    assert res["latency_avg_ms"] == pytest.approx(0.40125) and res["device"] == "FakePhone 8" and res["passed"]
+    assert (tmp_path / "phone/data/local/tmp/edgekit/model.tflite").read_bytes() == (bundle / "model.tflite").read_bytes()
+    # a model that changes on the way is refused before any timing
+    (bundle / "model.tflite").write_bytes(b"not the model")
+    r = subprocess.run(["bash", str(bundle / "push_and_bench.sh"), "--benchmark-model", str(bm)],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert r.returncode == 2 and "sha256" in r.stderr
