@@ -246,7 +246,8 @@ case "$1" in
       getprop) echo "FakePhone 8" ;;
       */benchmark_model)
         echo "INFO: Graph: [$2]"
-        echo "INFO: Inference timings in us: Init: 1500, First inference: 900, Warmup (avg): 420.5, Inference (avg): 401.25" ;;
+        printf "INFO: Inference timings in us: Init: 1500, First inference: 900, "
+        echo "Warmup (avg): 420.5, Inference (avg): 401.25" ;;
       *) echo "fake adb: unknown shell command $*" >&2; exit 1 ;;
     esac ;;
   *) echo "fake adb: unknown command $1" >&2; exit 1 ;;
@@ -273,7 +274,8 @@ def test_push_and_bench_with_fake_adb(int8_build, tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     res = json.loads((bundle / "bench_result.json").read_text())
     assert res["latency_avg_ms"] == pytest.approx(0.40125) and res["device"] == "FakePhone 8" and res["passed"]
-    assert (tmp_path / "phone/data/local/tmp/edgekit/model.tflite").read_bytes() == (bundle / "model.tflite").read_bytes()
+    pushed = tmp_path / "phone/data/local/tmp/edgekit/model.tflite"
+    assert pushed.read_bytes() == (bundle / "model.tflite").read_bytes()
     # a model that changes on the way is refused before any timing
     (bundle / "model.tflite").write_bytes(b"not the model")
     r = subprocess.run(["bash", str(bundle / "push_and_bench.sh"), "--benchmark-model", str(bm)],
