@@ -134,12 +134,13 @@ def time_onnx(path: Path, feeds: dict[str, np.ndarray], iterations: int, warmup:
 
 def layer_terms(stats, board, precision: str) -> dict[str, Any]:
     """Per-layer compute time at efficiency 1 and memory time (ms): what the fit scales."""
-    from edgekit.costmodel import Candidate, efficiency, estimate
+    from edgekit.costmodel import FUSED_OPS, Candidate, efficiency, estimate
 
     est = estimate(stats, board, Candidate(precision, board.default_power_mode))
     eff = efficiency(board, precision)
     return {"compute_ms_eff1": [lc.compute_ms * eff for lc in est.layers],
-            "memory_ms": [lc.memory_ms for lc in est.layers], "layers": len(est.layers),
+            "memory_ms": [lc.memory_ms for lc in est.layers], "layers": sum(1 for lc in est.layers if lc.op not in FUSED_OPS),
+            "ops": [lc.op for lc in est.layers],
             "estimated_latency_ms": est.latency_ms}
 
 

@@ -11,7 +11,8 @@ candidate uses 2:4 sparsity) + peak live activations at the activation precision
 **Storage** (MB) = the weights as stored (same encoding as in RAM).
 
 **Latency** (ms) = sum over layers of
-``max(compute, memory) + launch_overhead_us`` where
+``max(compute, memory) + launch_overhead_us`` (no launch for ops runtimes fuse into the
+previous kernel: activations, folded norms, reshapes) where
 ``compute = 2 * MACs / (peak_tops[precision] at the power mode * efficiency[precision])``
 and ``memory = (weight bytes + input and output activation bytes) / memory_bandwidth_gbps``.
 Weight-only precisions (int8-weight, int6-weight, int4-weight, prune-50) compute at the best
@@ -48,6 +49,10 @@ ACT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 2.0, "int8-dy
 # board lists the format in peak_tops itself
 WEIGHT_ONLY = ("int8-weight", "int6-weight", "int4-weight", "prune-50")
 TENSOR_CORE_PRECISIONS = ("fp16", "int8", "int8-weight", "int4-weight")
+# ops that runtimes fuse into the producing kernel (activations, folded norms) or run as
+# metadata changes: no launch of their own
+FUSED_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu",
+                       "BatchNormalization", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Dropout"})
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,9 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
         if cand.sparsity == "2:4" and is_w and prec in TENSOR_CORE_PRECISIONS:
             tops *= 2
         compute_s = 2 * macs / (tops * 1e12 * efficiency(board, prec)) if macs else 0.0
-        memory_s = (wbytes + prev_act * act_scale + out_act) / bw
-        layers.append(LayerCost(lay.name, lay.op, prec, wbytes, macs, compute_s * 1e3, memory_s * 1e3, launch_ms))
+        memory_s = 0.0 if lay.op in FUSED_OPS else (wbytes + prev_act * act_scale + out_act) / bw
+        launch = 0.0 if lay.op in FUSED_OPS else launch_ms
+        layers.append(LayerCost(lay.name, lay.op, prec, wbytes, macs, compute_s * 1e3, memory_s * 1e3, launch))
         prev_act = lay.activation_bytes * keep_out
     act_prec = ACT_BYTES.get(cand.precision, 4.0) / 4.0
     act_mb = stats.peak_activation_bytes * (1 - r if wl else 1.0) * act_prec / MB
