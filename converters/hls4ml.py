@@ -32,7 +32,7 @@ import numpy as np
 
 from edgekit.converters import Artifact, ConvertJob, Runner
 from edgekit.deps import require, toolchain_versions
-from edgekit.errors import InputSpecError, ProfileError, VerificationError
+from edgekit.errors import ConversionError, InputSpecError, ProfileError, VerificationError
 
 PRIMARY = "model.qonnx.onnx"
 HLS_DIR = "hls"
@@ -92,8 +92,10 @@ class Hls4mlConverter:
         job.log(f"QONNX: {len(quants)} Quant nodes, {bits}-bit, "
                 f"{'all' if all(q['pow2'] for q in quants) else 'NOT all'} scales powers of two")
         if not all(q["pow2"] for q in quants):
-            job.warn("some quantizer scales are not powers of two: hls4ml's ap_fixed C simulation cannot be "
-                     "bit-exact against QONNX with them")
+            bad = [q["node"] for q in quants if not q["pow2"]]
+            raise ConversionError(f"quantizer scales of {', '.join(bad)} are not powers of two: hls4ml's ap_fixed "
+                                  "arithmetic can never be bit-exact against QONNX with them (and hls4ml 1.3 fails "
+                                  "to convert them); use the default power-of-two scales")
 
         # resources before synthesis
         costs = fr.layer_costs(layers, bits)
@@ -115,6 +117,10 @@ class Hls4mlConverter:
             cfg["Model"]["Strategy"] = "Latency" if est.reuse_factor == 1 else "Resource"
             for lay_cfg in cfg["LayerName"].values():
                 lay_cfg["Trace"] = True  # lets a mismatch be traced to its first layer
+            # the input layer takes the input quantizer's type (not the 16,6 default): exact, no wrap
+            in_name = mw.graph.input[0].name
+            if fq.is_pow2(iq["scale"]):
+                cfg["LayerName"].setdefault(in_name, {}).setdefault("Precision", {})["result"] = _input_type(iq)
             kwargs: dict[str, Any] = {"board": fpga.hls4ml_board} if fpga.hls4ml_board else {"part": fpga.part}
             hm = hls4ml.converters.convert_from_onnx_model(
                 mw, output_dir=str(prj), project_name=PROJECT, io_type="io_stream" if is_cnn else "io_parallel",
@@ -237,20 +243,37 @@ def _require_exact(state: dict[str, Any], x: np.ndarray, ref: np.ndarray, got: n
 
 
 def first_mismatch(hm, mw, x1: np.ndarray) -> str:
-    """The first layer (QONNX node order) whose C-simulation output differs from QONNX execution."""
+    """The first hls4ml layer whose C-simulation output matches no QONNX tensor it stands for.
+
+    hls4ml fuses nodes (MatMul + bias Add -> Dense, Relu + Quant -> Relu with the quantized
+    type), so a traced layer is compared with every QONNX tensor from its source node up to
+    the next compute node; it matches when one of them is equal bit for bit."""
     from edgekit.converters import fpga_quant as fq
 
     with _quiet():
         _, trace = hm.trace(np.ascontiguousarray(x1.reshape(1, -1), dtype=np.float32))
     ctx = fq.qonnx_execute(mw, x1, full=True)
-    for node in mw.graph.node:
-        if node.name not in trace or node.output[0] not in ctx:
-            continue
-        a = np.asarray(trace[node.name], np.float64).reshape(-1)
-        b = np.asarray(ctx[node.output[0]], np.float64).reshape(-1)
-        if a.size == b.size and not np.array_equal(a, b):
-            return f"layer {node.name} ({node.op_type}, max |diff| {np.max(np.abs(a - b)):.6g})"
-    return "the output layer (no traced intermediate layer differs)"
+    nodes = list(mw.graph.node)
+    index = {n.name: i for i, n in enumerate(nodes)}
+    compute = ("MatMul", "Conv", "Relu", "MaxPool", "Flatten")
+    for name, value in trace.items():
+        base = name.removesuffix("_act")
+        for prefix in ("Dense_", "Conv2D_", "Conv1D_"):
+            base = base.removeprefix(prefix)
+        if base not in index:
+            continue  # hls4ml-only layer (zero padding, transposes)
+        a = np.asarray(value, np.float64).reshape(-1)
+        cands = []
+        for k in range(index[base], len(nodes)):
+            if k > index[base] and nodes[k].op_type in compute:
+                break
+            t = ctx.get(nodes[k].output[0])
+            if t is not None and np.asarray(t).size == a.size:
+                cands.append(np.asarray(t, np.float64).reshape(-1))
+        if cands and not any(np.array_equal(a, c) for c in cands):
+            diff = min(float(np.max(np.abs(a - c))) for c in cands)
+            return f"hls4ml layer {name} (QONNX node {base}, {nodes[index[base]].op_type}; max |diff| {diff:.6g})"
+    return "the output (every traced intermediate layer matches)"
 
 
 def _fifo_bits(mw, bits: int) -> list[int]:
@@ -262,6 +285,13 @@ def _fifo_bits(mw, bits: int) -> list[int]:
             if shape and len(shape) == 4:
                 out.append(math.prod(shape) * bits)
     return out
+
+
+def _input_type(iq: dict[str, Any]) -> str:
+    """ap_fixed type that holds every value of the input quantizer's grid exactly."""
+    frac = -int(round(math.log2(iq["scale"])))
+    width = iq["bits"]
+    return f"{'fixed' if iq['signed'] else 'ufixed'}<{width},{width - frac}>"
 
 
 def _layer_precisions(hm) -> dict[str, str]:
@@ -277,7 +307,7 @@ def _wrap_risks(hm) -> list[str]:
     bad = []
     for lay in hm.get_layers():
         p = lay.get_output_variable().type.precision
-        if getattr(p, "width", None) == 16 and getattr(p, "integer", None) == 6 and lay.class_name != "Input":
+        if getattr(p, "width", None) == 16 and getattr(p, "integer", None) == 6:
             bad.append(f"{lay.name} ({p})")
     return bad
 
