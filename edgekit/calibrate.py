@@ -220,19 +220,36 @@ def median_abs_error(samples: list[dict[str, Any]], eff: dict[str, float], launc
     return float(np.median(errs))
 
 
-def results_samples(board_id: str, known: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Smoke measurements from the results store, where per-layer terms of that model are known."""
+def results_samples(board, known: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Smoke measurements from the results store (edgekit.results.measurements).
+
+    Where per-layer terms of that model and precision are stored, the measurement uses them;
+    otherwise the build's own estimate (manifest ``plan.estimate``) stands in as one
+    compute-bound term at the efficiency the estimate was made with, so the fit scales it.
+    """
     try:
         from edgekit import results
     except ImportError:
         return []
+    from edgekit.costmodel import calibrated, efficiency
+
+    current = calibrated(board)
     terms = {(s["model_sha256"], s["precision"]): s for s in known}
     out = []
-    for row in results.measurements(board_id):
+    for row in results.measurements(board.id):
+        measured = row.get("measured_latency_ms")
+        if not measured or not row.get("precision"):
+            continue
         base = terms.get((row.get("model_sha256"), row.get("precision")))
-        if base is not None and row.get("measured_latency_ms"):
-            out.append({**base, "measured_latency_ms": float(row["measured_latency_ms"]), "source": "results-store",
-                        "at_utc": row.get("measured_at")})
+        if base is None:
+            est = row.get("estimated_latency_ms")
+            if not est:
+                continue
+            base = {"model": row.get("model_sha256"), "model_sha256": row.get("model_sha256"),
+                    "precision": row["precision"], "compute_ms_eff1": [est * efficiency(current, row["precision"])],
+                    "memory_ms": [0.0], "layers": 0, "ops": ["(whole model)"], "estimated_latency_ms": est}
+        out.append({**base, "measured_latency_ms": float(measured), "source": "results-store",
+                    "at_utc": row.get("measured_at")})
     return out
 
 
@@ -249,7 +266,7 @@ def calibrate(board_id: str = "host/host", iterations: int = 50, models=None, pr
     # keep older samples of other (model, precision) pairs; a new measurement replaces the old one
     keys = {(s["model_sha256"], s["precision"]) for s in new}
     samples = [s for s in store["samples"] if (s["model_sha256"], s["precision"]) not in keys] + new
-    extra = results_samples(board.id, samples)
+    extra = results_samples(board, samples)
     all_samples = samples + extra
     if not all_samples:
         raise ProfileError(
@@ -258,6 +275,8 @@ def calibrate(board_id: str = "host/host", iterations: int = 50, models=None, pr
         )
     before = median_abs_error(all_samples, dict(board.efficiency), board.launch_overhead_us)
     f = fit(all_samples)
+    if not any(s["layers"] for s in all_samples):  # whole-model estimates only: nothing pins these down
+        f["launch_overhead_us"], f["bandwidth_factor"] = board.launch_overhead_us, 1.0
     f["median_abs_error_before"] = before
     f["median_abs_error_after"] = median_abs_error(all_samples, f["efficiency"], f["launch_overhead_us"],
                                                    f["bandwidth_factor"])

@@ -100,3 +100,23 @@ def test_calibrate_board_without_measurements_fails(tmp_path, monkeypatch):
     monkeypatch.setenv("EDGEKIT_RESULTS_DB", str(tmp_path / "results.sqlite"))
     with pytest.raises(ProfileError, match="no measurements"):
         calibrate("jetson-orin-nano-8gb")
+
+
+def test_calibrate_from_results_store_smoke_measurements(tmp_path, monkeypatch):
+    """Smoke results of a real board (issue 7's results store) recalibrate that board's cost model."""
+    from edgekit import results
+    from edgekit.calibrate import calibrate
+
+    monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("EDGEKIT_RESULTS_DB", str(tmp_path / "results.sqlite"))
+    b = load_board("jetson-orin-nano-8gb")
+    # the board ran twice as fast as estimated, at fp16
+    for sha, est in (("a" * 64, 2.0), ("b" * 64, 8.0)):
+        results.record("smoke", board_id=b.id, model_sha256=sha, precision="fp16",
+                       estimated_latency_ms=est, measured_latency_ms=est / 2, passed=True)
+    store = calibrate(b.id)
+    f = store["fit"]
+    assert f["results_store_samples"] == 2
+    assert f["efficiency"]["fp16"] == pytest.approx(2 * b.efficiency["fp16"], rel=0.1)
+    assert f["median_abs_error_after"] < 0.1 < f["median_abs_error_before"]
+    assert f["launch_overhead_us"] == b.launch_overhead_us  # whole-model samples cannot move it
