@@ -135,6 +135,12 @@ class Board(_Strict):
         top = max(m.power_w for m in self.power_modes.values())
         if self.budgets.power_w > top * 1.0001:
             raise ValueError(f"budgets.power_w {self.budgets.power_w} exceeds the top power mode ({top} W)")
+        low = min(m.power_w for m in self.power_modes.values())
+        if self.budgets.power_w < low * 0.9999:
+            raise ValueError(
+                f"budgets.power_w {self.budgets.power_w} is below every power mode (lowest {low} W): "
+                "no build could meet it; budget at least the lowest mode's power"
+            )
         if self.runtime_overhead_mb >= self.ram_mb:
             raise ValueError("runtime_overhead_mb must be below ram_mb")
         keys = {frozenset(m.peak_tops) for m in self.power_modes.values()}

@@ -81,3 +81,8 @@ def test_override_values_parse_as_toml():
 
 def test_targets_list_loads():
     assert any(t.name == "jetson" for t in list_targets())
+
+
+def test_a_budget_below_every_power_mode_is_refused():
+    with pytest.raises(ProfileError, match="below every power mode"):
+        load_board("jetson-orin-nano-8gb", ["budgets.power_w=3"])
