@@ -131,8 +131,8 @@ class CoreMLConverter:
         ]
         w = checks["weights"]
         notes.append(
-            f"weight file {w['measured_bytes']:,} B for {w['fp32_weight_bytes']:,} B of fp32 conv/linear weights "
-            f"({w['file_ratio_vs_fp32_weights']:.3f}x)"
+            f"weight file {w['measured_bytes']:,} B for {w['fp32_weight_bytes']:,} B of fp32 conv/linear weights"
+            + (f" ({w['file_ratio_vs_fp32_weights']:.3f}x)" if w["file_ratio_vs_fp32_weights"] else "")
             + (f"; the {w['compressed_tensors']} compressed tensors take {w['compressed_ratio_vs_fp32']:.3f}x "
                f"of fp32 ({comp.describe})" if w["compressed_ratio_vs_fp32"] else "")
             + f"; conversion {t_convert:.2f} s, compression {t_compress:.2f} s"
@@ -174,7 +174,8 @@ class CoreMLConverter:
                 f"{m.source}: Core ML converts torch models (coremltools dropped its ONNX frontend); "
                 "give the .pt2 / TorchScript / pkg.module:factory the ONNX came from"
             )
-        inputs = [ct.TensorType(name=s.name, shape=s.shape, dtype=np.float32) for s in m.inputs]
+        inputs = [ct.TensorType(name=s.name, shape=s.shape, dtype=np.dtype(coreml_dtype(s.dtype)).type)
+                  for s in m.inputs]
         outputs = [ct.TensorType(name=s.name, dtype=np.float32) for s in m.outputs]
         target = getattr(ct.target, f"iOS{ios}")
         precision = ct.precision.FLOAT32 if job.precision == "fp32" else ct.precision.FLOAT16
@@ -268,6 +269,14 @@ class CoreMLConverter:
 # ------------------------------------------------------------------ helpers
 
 
+def coreml_dtype(dtype: str) -> str:
+    """Core ML I/O type for a source tensor type: float32 stays (set explicitly, fp16 compute would make it
+    fp16), integer inputs become int32 (Core ML has no int64 tensors)."""
+    if dtype.startswith(("int", "uint", "bool")):
+        return "int32"
+    return "float32"
+
+
 def _can_predict() -> bool:
     if sys.platform != "darwin":
         return False
@@ -358,7 +367,7 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int) 
     problems = []
     for kind, specs in (("input", job.model.inputs), ("output", job.model.outputs)):
         got = sig[f"{kind}s"]
-        want = [{"name": s.name, "shape": list(s.shape), "dtype": "float32"} for s in specs]
+        want = [{"name": s.name, "shape": list(s.shape), "dtype": coreml_dtype(s.dtype)} for s in specs]
         if [(g["name"], g["shape"], g["dtype"]) for g in got] != [(w["name"], w["shape"], w["dtype"]) for w in want]:
             problems.append(f"{kind}s are {got}, the source model has {want}")
     weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision)

@@ -155,6 +155,8 @@ def ane_flags(prog: Any, compute_precision: str) -> list[str]:
     for op in _main(prog).operations:
         if op.op_type in ANE_UNFRIENDLY_OPS:
             flags.append(f"op {op.op_type} ({op.name}): {ANE_UNFRIENDLY_OPS[op.op_type]}")
+        if op.op_type.startswith("const"):
+            continue  # weights (and packed compressed indices) are not activations
         for out in op.outputs:
             shape = getattr(out, "shape", None) or ()
             big = [d for d in shape if isinstance(d, int) and d > ANE_MAX_DIM]
