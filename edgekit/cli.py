@@ -48,7 +48,7 @@ def convert(
     target: Annotated[str, typer.Option("--target", "-t", help="output target, see `edgekit targets`")] = "jetson",
     out: Annotated[Path, typer.Option("--output", "-o", help="output folder (replaced atomically)")] = Path("build"),
     board: Annotated[str | None, typer.Option("--board", "-b", help="board profile, see `edgekit boards`")] = None,
-    precision: Annotated[str | None, typer.Option("--precision", "-p", help="fp32 | fp16 | int8 (target default if omitted)")] = None,
+    precision: Annotated[str, typer.Option("--precision", "-p", help="auto (the planner picks from the board's budgets) | fp32 | fp16 | int8 | ... (see `edgekit targets`)")] = "auto",
     calib: Annotated[str | None, typer.Option("--calib", help="calibration .npz, or 'random' (accuracy then unknown)")] = None,
     eval_data: Annotated[str | None, typer.Option("--eval", help="eval .npz with inputs and 'label': float vs converted accuracy")] = None,
     input_shape: ShapeOpt = None,
