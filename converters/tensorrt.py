@@ -37,8 +37,8 @@ class TensorRTConverter:
     def convert(self, job: ConvertJob) -> Artifact:
         onnx = require("onnx", "jetson")
         opset = job.options.get("opset") or job.target.opset or 18
-        if job.float_onnx is not None and (opset == (job.target.opset or 18) or not job.model.is_torch):
-            raw = job.float_onnx  # exported once by the analyze stage
+        if job.float_onnx is not None:
+            raw = job.float_onnx  # exported once by the analyze stage, at this opset
         else:
             raw = export_onnx(job.model, job.work_dir / "exported.onnx", opset)
         job.log(f"float ONNX (opset {_opset(onnx.load(str(raw)))})")

@@ -75,6 +75,18 @@ def check_precision(precision: str, target: Target, board: Board) -> None:
         )
 
 
+def _check_calibration(precision: str, calib_ds: Dataset | None, warn: Callable[[str], None]) -> None:
+    if precision != "int8":
+        return
+    if calib_ds is None:
+        raise InputSpecError(
+            "INT8 needs calibration data: give --calib FILE.npz (a few hundred real inputs), "
+            "or --calib random to accept unknown accuracy"
+        )
+    if calib_ds.random:
+        warn("--calib random: INT8 ranges come from random inputs; accuracy on real data is unknown")
+
+
 def _float_onnx_for_analysis(model: Model, work: Path, opset: int) -> Path:
     from edgekit.onnx_graph import export_onnx
 
@@ -112,15 +124,10 @@ def convert(
         brd = load_board(brd.id, board_set)
     if target not in brd.targets:
         raise ProfileError(f"board {brd.id} does not take target {target!r} (its targets: {brd.targets})")
-    plan = None
-    if precision == "auto":  # the budget-driven planner picks the precision (edgekit.planner)
-        from edgekit.planner import choose
-
-        plan = choose(model, brd, tgt, input_shape=input_shape, trust_pickle=trust_pickle, prunable=False)
-        precision = plan.precision
-        log(f"plan: {plan.reason}")
     precision = precision or tgt.default_precision
-    check_precision(precision, tgt, brd)
+    if precision != "auto":  # "auto" is resolved by the planner once the analyze stage has the model's stats
+        check_precision(precision, tgt, brd)
+    plan = None
     warnings: list[str] = []
 
     def _warn(msg: str) -> None:
@@ -135,19 +142,22 @@ def convert(
             calib_ds: Dataset | None = None
             if calib == "random":
                 calib_ds = random_dataset(m)
-                if precision == "int8":
-                    _warn("--calib random: INT8 ranges come from random inputs; accuracy on real data is unknown")
             elif calib:
                 calib_ds = load_npz(calib, m, what="--calib")
-            elif precision == "int8":
-                raise InputSpecError(
-                    "INT8 needs calibration data: give --calib FILE.npz (a few hundred real inputs), "
-                    "or --calib random to accept unknown accuracy"
-                )
+            if precision != "auto":
+                _check_calibration(precision, calib_ds, _warn)
             eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval") if eval_data else None
         with clock.stage("analyze"):
             src_onnx = _float_onnx_for_analysis(m, work, opset or tgt.opset or 18)
             stats = analyze_onnx(src_onnx, tgt.supported_ops, tgt.name)
+            if precision == "auto":  # the budget-driven planner picks from the stats just computed
+                from edgekit.planner import choose
+
+                plan = choose(m, brd, tgt, stats=stats, prunable=False)
+                precision = plan.precision
+                log(f"plan: {plan.reason}")
+                check_precision(precision, tgt, brd)
+                _check_calibration(precision, calib_ds, _warn)
             if stats.unsupported and (options or {}).get("allow_float_fallback") is True:
                 _warn(f"{len(stats.unsupported)} op(s) outside target {tgt.name}'s list kept (allow_float_fallback): "
                       + ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10]))
@@ -161,7 +171,7 @@ def convert(
         with atomic_dir(Path(out)) as out_tmp:
             job = ConvertJob(
                 model=m, target=tgt, board=brd, precision=precision,
-                calib=calib_ds if precision == "int8" else calib_ds,
+                calib=calib_ds,
                 out_dir=out_tmp, work_dir=work,
                 options={"opset": opset, **(options or {})}, log=log, warn=_warn,
                 float_onnx=src_onnx if m.is_torch else None,
