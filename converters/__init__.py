@@ -70,6 +70,24 @@ class Converter(Protocol):
     def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner: ...
 
 
+def load_firmware(runner: str, module: str = "run") -> Any:
+    """Import ``firmware/<runner>/<module>.py``, the code the board runs, so that host
+    verification and engine builds use it instead of a second copy."""
+    import importlib.util
+    import sys
+
+    from edgekit.profiles import data_dir
+
+    name = f"edgekit_firmware_{runner}_{module}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, data_dir("firmware") / runner / f"{module}.py")
+        mod = importlib.util.module_from_spec(spec)
+        assert spec.loader is not None
+        spec.loader.exec_module(mod)
+        sys.modules[name] = mod
+    return sys.modules[name]
+
+
 def get_converter(name: str) -> Converter:
     if name not in REGISTRY:
         raise ProfileError(f"unknown converter {name!r}; registered: {', '.join(sorted(REGISTRY))}")

@@ -44,7 +44,7 @@ import numpy as np
 
 from edgekit.converters import Artifact, ConvertJob, Runner
 from edgekit.deps import require, toolchain_versions
-from edgekit.errors import ConversionError, ProfileError, UnsupportedOpError, VerificationError
+from edgekit.errors import ConversionError, ProfileError, UnsupportedOpError
 
 PRIMARY = "model.mlpackage"
 EXTRA = "ios"

@@ -25,7 +25,6 @@ import math
 import shutil
 import time
 import warnings
-from pathlib import Path
 from typing import Any
 
 import numpy as np

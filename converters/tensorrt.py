@@ -22,11 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.converters import Artifact, ConvertJob, Runner
+from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
 from edgekit.onnx_graph import export_onnx, prune_opsets, slim, toposort
-from edgekit.profiles import data_dir
 
 PRIMARY = "model.onnx"
 
@@ -128,7 +127,7 @@ class TensorRTConverter:
         if why:
             notes.append(f"TensorRT engine not built here ({why}); run build_engine.sh on the board")
             return {"built": False, "reason": why, "build_script": "build_engine.sh"}
-        runner = _load_firmware_runner()
+        runner = load_firmware("tensorrt")
         engine = job.out_dir / "model.engine"
         runner.build_engine(str(onnx_path), str(engine), job.precision,
                             timing_cache=str(job.out_dir / "timing.cache"), log=job.log)
@@ -169,15 +168,6 @@ def _engine_unavailable() -> str | None:
     except Exception as exc:  # no GPU, no driver, missing libnvinfer
         return f"TensorRT cannot start: {type(exc).__name__}: {str(exc)[:120]}"
     return None
-
-
-def _load_firmware_runner():
-    path = data_dir("firmware") / "tensorrt" / "run.py"
-    spec = importlib.util.spec_from_file_location("edgekit_firmware_tensorrt_run", path)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
 
 
 CONVERTER = TensorRTConverter()

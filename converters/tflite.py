@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.converters import Artifact, ConvertJob, Runner
+from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
 
@@ -438,49 +438,19 @@ class TFLiteConverter:
         return out
 
     def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner:
-        interp = _interpreter(job.out_dir / artifact.primary, int(job.options.get("threads") or 2))
-        ins, outs = interp.get_input_details(), interp.get_output_details()
-        nhwc = artifact.meta.get("layout") == "nhwc"
+        # the bundle's own runner class (firmware/tflite/run.py): int8 I/O quantized and
+        # dequantized with the tensors' scale / zero point, NHWC transposed, as on the board
+        require("ai_edge_litert.interpreter", EXTRA)
+        model = load_firmware("tflite").LiteRTModel(str(job.out_dir / artifact.primary),
+                                                   int(job.options.get("threads") or 2),
+                                                   artifact.meta.get("layout") == "nhwc", "ai_edge_litert")
         names = [s.name for s in job.model.inputs]
-
-        def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-            for name, d in zip(names, ins, strict=True):
-                x = np.asarray(feeds[name], dtype=np.float32)
-                if nhwc and x.ndim == 4:
-                    x = x.transpose(0, 2, 3, 1)
-                interp.set_tensor(d["index"], quantize(x, d))
-            interp.invoke()
-            res = []
-            for d in outs:
-                y = dequantize(interp.get_tensor(d["index"]), d)
-                if nhwc and y.ndim == 4:
-                    y = y.transpose(0, 3, 1, 2)
-                res.append(y)
-            return res
-
-        return run
+        return lambda feeds: model([feeds[n] for n in names])
 
     @staticmethod
     def versions() -> dict[str, str]:
         return toolchain_versions("torch", "litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer",
                                   "torchao")
-
-
-def quantize(x: np.ndarray, detail: dict) -> np.ndarray:
-    """float -> the input tensor's dtype with its scale and zero point (identity for float inputs)."""
-    dt = np.dtype(detail["dtype"])
-    scale, zp = detail["quantization"]
-    if dt.kind == "f" or not scale:
-        return np.ascontiguousarray(x, dtype=dt)
-    info = np.iinfo(dt)
-    return np.clip(np.round(x / scale) + zp, info.min, info.max).astype(dt)
-
-
-def dequantize(y: np.ndarray, detail: dict) -> np.ndarray:
-    scale, zp = detail["quantization"]
-    if np.dtype(detail["dtype"]).kind == "f" or not scale:
-        return np.asarray(y, dtype=np.float32).copy()
-    return ((y.astype(np.float32) - zp) * scale).astype(np.float32)
 
 
 def _interpreter(path: Path, threads: int):

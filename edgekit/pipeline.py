@@ -224,12 +224,14 @@ def _write_bundle(out: Path, m: Model, tgt: Target, brd: Board, precision: str, 
     if not runner_src.is_dir():
         raise ProfileError(f"target {tgt.name}: runner folder firmware/{tgt.runner} is missing from the install")
     runner_files = []
-    for p in sorted(runner_src.rglob("*")):
-        if p.is_file() and "__pycache__" not in p.parts:
-            rel = p.relative_to(runner_src)
-            (out / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(p, out / rel)
-            runner_files.append(rel.as_posix())
+    # the target's runner, plus the smoke-test core every runner imports (firmware/common)
+    for src in (runner_src, data_dir("firmware") / "common"):
+        for p in sorted(src.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                rel = p.relative_to(src)
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, out / rel)
+                runner_files.append(rel.as_posix())
 
     tol = tgt.tolerances[precision]
     budgets = brd.budgets

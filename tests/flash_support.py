@@ -48,6 +48,13 @@ def digits_bundle() -> Path:
     return path
 
 
+def bundle_file_count() -> int:
+    """Files a flash of the digits bundle sends: every file in its manifest, plus the manifest."""
+    import json
+
+    return len(json.loads((digits_build() / "manifest.json").read_text())["files"]) + 1
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from fake_adb import SERIAL, FakeAdbServer
-from flash_support import ROOT, digits_bundle
+from flash_support import ROOT, bundle_file_count, digits_bundle
 
 from edgekit.flash import flash
 from edgekit.smoke import smoke
@@ -58,7 +58,7 @@ def test_adb_flash_and_smoke(adb, tmp_path):
     t = AdbTransport(serial=SERIAL, server=f"127.0.0.1:{adb.port}")
     dest = tmp_path / "phone" / "digits"
     res = flash(digits_bundle(), t, dest=str(dest))
-    assert len(res.uploaded) == 6 and (dest / "manifest.json").exists() and not Path(f"{dest}.staging").exists()
+    assert len(res.uploaded) == bundle_file_count() and (dest / "manifest.json").exists() and not Path(f"{dest}.staging").exists()
     assert flash(digits_bundle(), t, dest=str(dest)).already_installed
     s = smoke(digits_bundle(), t, dest=str(dest), python=sys.executable, runtime="onnxruntime")
     assert s.passed, s.result

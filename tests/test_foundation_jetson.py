@@ -94,7 +94,7 @@ def test_manifest_records_everything_and_hashes_match(builds, digits):
     assert man["verification"]["passed"] is True
     for rel, info in man["files"].items():
         assert sha256_file(res.out_dir / rel) == info["sha256"], rel
-    for needed in ("model.onnx", "golden.npz", "run.py", "build_engine.sh", "report.md"):
+    for needed in ("model.onnx", "golden.npz", "run.py", "edgekit_smoke.py", "build_engine.sh", "report.md"):
         assert needed in man["files"], needed
     assert man["artifact"]["engine"]["built"] is False and "tensorrt" in man["artifact"]["engine"]["reason"]
     g = np.load(res.out_dir / "golden.npz")
@@ -148,9 +148,10 @@ def test_device_runner_catches_corruption_and_bad_outputs(builds, tmp_path):
 
 
 def test_device_runner_keeps_to_python36_syntax():
-    src = (data_dir("firmware") / "tensorrt" / "run.py").read_text()
-    ast.parse(src, feature_version=(3, 6))
-    assert "from __future__ import annotations" not in src
+    for rel in ("tensorrt/run.py", "common/edgekit_smoke.py"):
+        src = (data_dir("firmware") / rel).read_text()
+        ast.parse(src, feature_version=(3, 6))
+        assert "from __future__ import annotations" not in src
 
 
 def test_int8_needs_calibration_or_explicit_random(digits, tmp_path):
@@ -234,12 +235,13 @@ def test_output_is_atomic_and_never_clobbers_foreign_folders(digits, tmp_path, m
 @pytest.mark.gpu
 def test_engine_builds_where_tensorrt_and_a_gpu_exist(builds, tmp_path):
     trt = pytest.importorskip("tensorrt", reason="TensorRT is not installed (no GPU here; engines build on the board)")
-    from edgekit.converters.tensorrt import _engine_unavailable, _load_firmware_runner
+    from edgekit.converters import load_firmware
+    from edgekit.converters.tensorrt import _engine_unavailable
 
     why = _engine_unavailable()
     if why:
         pytest.skip(why)
-    runner = _load_firmware_runner()
+    runner = load_firmware("tensorrt")
     engine = tmp_path / "model.engine"
     runner.build_engine(str(builds["int8"].out_dir / "model.onnx"), str(engine), "int8",
                         timing_cache=str(tmp_path / "timing.cache"))

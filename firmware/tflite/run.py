@@ -13,54 +13,18 @@ On Android phones without Python use push_and_bench.sh (adb + benchmark_model).
 """
 
 import argparse
-import hashlib
-import json
 import os
-import platform
 import sys
-import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def check_integrity(bundle, manifest):
-    bad = []
-    for rel, info in sorted(manifest.get("files", {}).items()):
-        path = os.path.join(bundle, rel)
-        if not os.path.isfile(path):
-            bad.append("%s: missing" % rel)
-        elif sha256_file(path) != info["sha256"]:
-            bad.append("%s: sha256 differs from the manifest" % rel)
-    return bad
-
-
-def peak_rss_mb():
-    # /proc VmHWM belongs to this process image; ru_maxrss survives exec and would report the
-    # parent's peak when run from a big process (a test runner, an IDE)
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        import resource
-
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return kb / 1024.0 if sys.platform != "darwin" else kb / (1024.0 * 1024.0)
-    except Exception:
-        return None
+# edgekit_smoke.py (the shared smoke-test core) sits next to this file in a bundle and in
+# ../common in the source tree
+for _d in (HERE, os.path.join(os.path.dirname(HERE), "common")):
+    if _d not in sys.path:
+        sys.path.insert(0, _d)
+from edgekit_smoke import Smoke, log, read_manifest  # noqa: E402
 
 
 def import_interpreter(prefer="auto"):
@@ -135,24 +99,6 @@ class LiteRTModel(object):
         return self.outputs()
 
 
-def compare(outputs, golden, manifest):
-    tol = manifest["tolerance"]
-    checks = []
-    for spec, got in zip(manifest["golden"]["outputs"], outputs):
-        ref = golden[spec["key"]].astype(np.float64)
-        got = np.asarray(got, dtype=np.float64).reshape(ref.shape)
-        err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-        rel = err / scale if scale > 0 else err
-        agree = None
-        if ref.ndim == 2 and ref.shape[1] > 1:
-            agree = float(np.mean(np.argmax(got, 1) == np.argmax(ref, 1)))
-        ok = rel <= tol["max_rel_error"] and (agree is None or agree >= tol["min_top1_agreement"])
-        checks.append({"output": spec["name"], "max_abs_error": err, "max_rel_error": rel,
-                       "tolerance_rel": tol["max_rel_error"], "top1_agreement": agree, "passed": ok})
-    return checks
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description="edgekit smoke test for a LiteRT (.tflite) bundle")
     ap.add_argument("--bundle", default=HERE, help="bundle folder (default: this script's folder)")
@@ -163,94 +109,31 @@ def main(argv=None):
     ap.add_argument("--output", default=None, help="smoke_result.json path (default: in the bundle)")
     args = ap.parse_args(argv)
 
-    def log(msg):
-        print("[edgekit-smoke] " + msg)
-        sys.stdout.flush()
-
     bundle = os.path.abspath(args.bundle)
-    out_path = args.output or os.path.join(bundle, "smoke_result.json")
     try:
-        with open(os.path.join(bundle, "manifest.json")) as f:
-            manifest = json.load(f)
+        manifest = read_manifest(bundle)
     except (OSError, ValueError) as exc:
         log("cannot read manifest.json: %s" % exc)
         return 2
     threads = args.threads or min(4, os.cpu_count() or 1)
-    result = {"bundle": manifest.get("name"), "board": manifest.get("board", {}).get("id"),
-              "precision": manifest.get("precision"), "host": platform.node(), "machine": platform.machine(),
-              "python": platform.python_version(), "threads": threads, "checks": [],
-              "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-
-    def add(name, passed, detail, **extra):
-        item = {"name": name, "passed": passed, "detail": detail}
-        item.update(extra)
-        result["checks"].append(item)
-        log("%s %s: %s" % ("PASS" if passed else ("FAIL" if passed is False else "----"), name, detail))
-
-    bad = check_integrity(bundle, manifest)
-    add("integrity", not bad, "; ".join(bad) if bad else "%d files match manifest sha256" % len(manifest["files"]))
+    smoke = Smoke(bundle, manifest, args.output or os.path.join(bundle, "smoke_result.json"), threads=threads)
     model = None
-    if not bad:
+    if smoke.integrity():
         try:
             nhwc = manifest.get("artifact", {}).get("layout") == "nhwc"
             model = LiteRTModel(os.path.join(bundle, manifest["artifact"]["primary"]), threads, nhwc, args.runtime)
-            add("load", True, model.name)
-            result["runtime"] = model.name
+            smoke.loaded(model.name)
         except Exception as exc:  # report any runtime failure as a failed check
-            add("load", False, "%s: %s" % (type(exc).__name__, exc))
+            smoke.add("load", False, "%s: %s" % (type(exc).__name__, exc))
     if model is not None:
         golden = np.load(os.path.join(bundle, manifest["golden"]["file"]))
         ins = manifest["golden"]["inputs"]
-        n = manifest["golden"]["samples"]
-        bs = ins[0]["shape"][0]
-        outs = [model([golden[s["key"]][i:i + bs] for s in ins]) for i in range(0, n, bs)]
-        merged = [np.concatenate([o[k] for o in outs]) for k in range(len(outs[0]))]
-        per = compare(merged, golden, manifest)
-        worst = max(per, key=lambda c: c["max_rel_error"])
-        add("golden", all(c["passed"] for c in per),
-            "%d samples; worst output %r max error %.3g (%.2f%% of range, tolerance %.2f%%)%s" % (
-                n, worst["output"], worst["max_abs_error"], 100 * worst["max_rel_error"],
-                100 * worst["tolerance_rel"],
-                "" if worst["top1_agreement"] is None
-                else ", top-1 agreement %.1f%%" % (100 * worst["top1_agreement"])),
-            outputs=per)
-
-        model.set_inputs([golden[s["key"]][0:bs] for s in ins])
-        for _ in range(args.warmup):
-            model.interp.invoke()
-        times = []
-        for _ in range(args.iters):
-            t0 = time.perf_counter()
-            model.interp.invoke()
-            times.append((time.perf_counter() - t0) * 1000.0)
-        lat = {"p50": float(np.percentile(times, 50)), "p90": float(np.percentile(times, 90)),
-               "p99": float(np.percentile(times, 99)), "mean": float(np.mean(times)),
-               "iters": len(times), "warmup": args.warmup}
-        result["latency_ms"] = lat
-        budget = manifest.get("budgets", {}).get("latency_ms")
-        if budget:
-            add("latency", lat["p90"] <= budget, "p50 %.3f / p90 %.3f / p99 %.3f ms; budget %.3g ms (on p90)" % (
-                lat["p50"], lat["p90"], lat["p99"], budget), budget_ms=budget)
-        else:
-            add("latency", None, "p50 %.3f / p90 %.3f / p99 %.3f ms; no budget" % (lat["p50"], lat["p90"], lat["p99"]))
-        rss = peak_rss_mb()
-        result["peak_rss_mb"] = rss
-        ram_budget = manifest.get("budgets", {}).get("ram_mb")
-        if rss is not None and ram_budget:
-            add("memory", rss <= ram_budget, "peak RSS %.1f MB; budget %.0f MB" % (rss, ram_budget),
-                budget_mb=ram_budget)
-        else:
-            add("memory", None, "peak RSS %s MB" % ("%.1f" % rss if rss is not None else "unknown"))
-        result["power_w"] = None
-        add("power", None, "not measured: no power rails read by this runner")
-    result["passed"] = all(c["passed"] is not False for c in result["checks"]) and model is not None
-    result["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    tmp = out_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(result, f, indent=2)
-    os.replace(tmp, out_path)
-    log("%s -> %s" % ("PASSED" if result["passed"] else "FAILED", out_path))
-    return 0 if result["passed"] else 1
+        smoke.golden(lambda feed: model([feed[s["name"]] for s in ins]), golden)
+        model.set_inputs([golden[s["key"]][0:s["shape"][0]] for s in ins])
+        smoke.latency(model.interp.invoke, args.warmup, args.iters)  # the interpreter alone, inputs set once
+        smoke.memory()
+        smoke.power(why_not="no power rails read by this runner")
+    return smoke.finish(model is not None)
 
 
 if __name__ == "__main__":

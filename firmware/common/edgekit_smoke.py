@@ -1,0 +1,188 @@
+"""The smoke-test core every edgekit device runner shares (integrity, golden, latency, result).
+
+Copied into every bundle next to the target's runner (run.py / smoke.py), which keeps only
+what is specific to its runtime. Needs only numpy; kept to Python 3.6 syntax (JetPack 4.6).
+The result file, smoke_result.json, has one schema for every target: `checks` (name,
+passed: true/false/null for "not judged", detail), `latency_ms`, `peak_rss_mb`, `power_w`,
+`passed`.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+
+import numpy as np
+
+
+def log(msg):
+    print("[edgekit-smoke] " + msg)
+    sys.stdout.flush()
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def check_integrity(bundle, manifest):
+    bad = []
+    for rel, info in sorted(manifest.get("files", {}).items()):
+        path = os.path.join(bundle, rel)
+        if not os.path.isfile(path):
+            bad.append("%s: missing" % rel)
+        elif sha256_file(path) != info["sha256"]:
+            bad.append("%s: sha256 differs from the manifest" % rel)
+    return bad
+
+
+def peak_rss_mb():
+    # /proc VmHWM belongs to this process image; ru_maxrss survives exec and would report the
+    # parent's peak when run from a big process (a test runner, an IDE, ssh's shell)
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024.0
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        import resource
+
+        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return kb / 1024.0 if sys.platform != "darwin" else kb / (1024.0 * 1024.0)
+    except Exception:
+        return None
+
+
+def compare(outputs, golden, manifest):
+    """Per output: max error relative to the float output range, top-1 agreement for classifiers."""
+    tol = manifest["tolerance"]
+    checks = []
+    for spec, got in zip(manifest["golden"]["outputs"], outputs):
+        ref = golden[spec["key"]].astype(np.float64)
+        got = np.asarray(got, dtype=np.float64).reshape(ref.shape)
+        err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
+        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
+        rel = err / scale if scale > 0 else err
+        agree = None
+        if ref.ndim == 2 and ref.shape[1] > 1:
+            agree = float(np.mean(np.argmax(got, 1) == np.argmax(ref, 1)))
+        ok = rel <= tol["max_rel_error"] and (agree is None or agree >= tol["min_top1_agreement"])
+        checks.append({"output": spec["name"], "max_abs_error": err, "max_rel_error": rel,
+                       "tolerance_rel": tol["max_rel_error"], "top1_agreement": agree, "passed": ok})
+    return checks
+
+
+def golden_feeds(golden, manifest):
+    """The golden inputs as model-sized batches: a list of {input name: array}."""
+    ins = manifest["golden"]["inputs"]
+    bs = ins[0]["shape"][0]
+    return [{s["name"]: golden[s["key"]][i:i + bs] for s in ins}
+            for i in range(0, manifest["golden"]["samples"], bs)]
+
+
+class Smoke(object):
+    """Collects checks and writes smoke_result.json; one per runner invocation."""
+
+    def __init__(self, bundle, manifest, out_path, **extra):
+        self.bundle, self.manifest, self.out_path = bundle, manifest, out_path
+        self.result = {"bundle": manifest.get("name"), "board": manifest.get("board", {}).get("id"),
+                       "precision": manifest.get("precision"), "host": platform.node(),
+                       "machine": platform.machine(), "python": platform.python_version(), "checks": [],
+                       "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        self.result.update(extra)
+        self.budgets = manifest.get("budgets", {}) or {}
+
+    def add(self, name, passed, detail, **extra):
+        item = {"name": name, "passed": passed, "detail": detail}
+        item.update(extra)
+        self.result["checks"].append(item)
+        log("%s %s: %s" % ("PASS" if passed else ("FAIL" if passed is False else "----"), name, detail))
+
+    def integrity(self):
+        bad = check_integrity(self.bundle, self.manifest)
+        self.add("integrity", not bad,
+                 "; ".join(bad) if bad else "%d files match manifest sha256" % len(self.manifest["files"]))
+        return not bad
+
+    def loaded(self, name):
+        self.add("load", True, name)
+        self.result["runtime"] = name
+
+    def golden(self, run, golden):
+        """``run(feed) -> list of outputs`` over every golden batch, compared with the manifest's tolerance."""
+        outs = [run(feed) for feed in golden_feeds(golden, self.manifest)]
+        merged = [np.concatenate([np.asarray(o[k]).reshape((-1,) + np.asarray(o[k]).shape[1:]) for o in outs])
+                  for k in range(len(outs[0]))]
+        per = compare(merged, golden, self.manifest)
+        worst = max(per, key=lambda c: c["max_rel_error"])
+        self.add("golden", all(c["passed"] for c in per),
+                 "%d samples; worst output %r max error %.3g (%.2f%% of range, tolerance %.2f%%)%s" % (
+                     self.manifest["golden"]["samples"], worst["output"], worst["max_abs_error"],
+                     100 * worst["max_rel_error"], 100 * worst["tolerance_rel"],
+                     "" if worst["top1_agreement"] is None
+                     else ", top-1 agreement %.1f%%" % (100 * worst["top1_agreement"])),
+                 outputs=per)
+
+    def latency(self, call, warmup, iters, judge=True, label="", note=""):
+        """Time ``call()`` after warm-up; judged against the latency budget on p90 unless ``judge`` is False."""
+        for _ in range(warmup):
+            call()
+        times = []
+        for _ in range(iters):
+            t0 = time.perf_counter()
+            call()
+            times.append((time.perf_counter() - t0) * 1000.0)
+        lat = {"p50": float(np.percentile(times, 50)), "p90": float(np.percentile(times, 90)),
+               "p99": float(np.percentile(times, 99)), "mean": float(np.mean(times)),
+               "iters": len(times), "warmup": warmup}
+        self.result["latency_ms"] = lat
+        budget = self.budgets.get("latency_ms")
+        detail = "%sp50 %.3f / p90 %.3f / p99 %.3f ms" % (label, lat["p50"], lat["p90"], lat["p99"])
+        if judge and budget:
+            self.add("latency", lat["p90"] <= budget, detail + "; budget %.3g ms (on p90)" % budget, budget_ms=budget)
+        else:
+            self.add("latency", None, detail + ("; " + note if note else "; no budget"))
+        return lat
+
+    def memory(self, judge=True, note=""):
+        rss = peak_rss_mb()
+        self.result["peak_rss_mb"] = rss
+        budget = self.budgets.get("ram_mb")
+        shown = "%.1f" % rss if rss is not None else "unknown"
+        if judge and rss is not None and budget:
+            self.add("memory", rss <= budget, "peak RSS %s MB; budget %.0f MB" % (shown, budget), budget_mb=budget)
+        else:
+            self.add("memory", None, "peak RSS %s MB%s" % (shown, note))
+
+    def power(self, watts=None, samples=0, source="", why_not=""):
+        self.result["power_w"] = watts
+        if watts is None:
+            self.add("power", None, "not measured: " + why_not)
+            return
+        budget = self.budgets.get("power_w")
+        self.add("power", watts <= budget if budget else None,
+                 "mean %.2f W over %d samples (%s); budget %s W" % (watts, samples, source, budget))
+
+    def finish(self, loaded):
+        """Write smoke_result.json atomically; the exit code: 0 passed, 1 a check failed."""
+        r = self.result
+        r["passed"] = bool(loaded) and all(c["passed"] is not False for c in r["checks"])
+        r["finished_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        tmp = self.out_path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(r, f, indent=2)
+        os.replace(tmp, self.out_path)
+        log("%s -> %s" % ("PASSED" if r["passed"] else "FAILED", self.out_path))
+        return 0 if r["passed"] else 1
+
+
+def read_manifest(bundle):
+    with open(os.path.join(bundle, "manifest.json")) as f:
+        return json.load(f)
