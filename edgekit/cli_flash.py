@@ -24,9 +24,11 @@ AdbOpt = Annotated[str | None, typer.Option("--adb-server", help="adb server hos
 def _record(kind: str, **fields: Any) -> None:
     from edgekit import results
 
+    import sqlite3
+
     try:
         results.record(kind, **fields)
-    except OSError as exc:  # sqlite3.Error is not an OSError: only a missing/unwritable folder lands here
+    except (OSError, sqlite3.Error) as exc:  # a locked or full db must not fail a flash that already succeeded
         err.print(f"[yellow]warning:[/] results store not updated ({exc})")
 
 
