@@ -264,7 +264,7 @@ def _write_bundle(out: Path, m: Model, tgt: Target, brd: Board, precision: str, 
         "tolerance": tol.model_dump(),
         "analysis": {k: v for k, v in stats.to_json().items() if k != "layers"},
         "verification": verification.to_json(),
-        "runner": {"entry": "run.py", "files": runner_files},
+        "runner": {"entry": "run.py", "files": sorted(runner_files)},
         "timings_s": {k: round(v, 3) for k, v in times.items()},
         "plan": plan,  # cost-model estimate of this build (edgekit.planner); read back to recalibrate
         "warnings": warnings,
