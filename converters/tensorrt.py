@@ -138,12 +138,13 @@ class TensorRTConverter:
         return {"built": True, "tensorrt": trt.__version__, "file": "model.engine"}
 
     def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner:
-        ort = require("onnxruntime", "jetson")
-        sess = ort.InferenceSession(str(job.out_dir / artifact.primary), providers=["CPUExecutionProvider"])
-        names = [o.name for o in sess.get_outputs()]
+        # the bundle's own onnxruntime runner (firmware/tensorrt/run.py): the host verifies with
+        # the session settings the board's onnxruntime fallback uses
+        require("onnxruntime", "jetson")
+        model = load_firmware("tensorrt").OnnxRuntimeModel(str(job.out_dir / artifact.primary))
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-            return list(sess.run(names, feeds))
+            return list(model(feeds))
 
         return run
 
