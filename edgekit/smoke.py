@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit.bundle import MANIFEST, unpack
+from edgekit.bundle import MANIFEST, Unpacked, opened
 from edgekit.errors import EdgekitError
 from edgekit.flash import default_dest
 from edgekit.fsutil import sha256_file
@@ -51,8 +51,9 @@ class SmokeResult:
 
     @property
     def latency_p50_ms(self) -> float | None:
+        """The board's measured p50; None when the runner timed it off the device (not the board's latency)."""
         lat = self.result.get("latency_ms") or {}
-        return lat.get("p50")
+        return None if lat.get("on_device") is False else lat.get("p50")
 
 
 def default_runtime(man: dict[str, Any]) -> str | None:
@@ -67,11 +68,11 @@ def default_runtime(man: dict[str, Any]) -> str | None:
         return None
 
 
-def smoke(bundle: str | Path, transport: Transport, dest: str | None = None, python: str | None = None,
+def smoke(bundle: str | Path | Unpacked, transport: Transport, dest: str | None = None, python: str | None = None,
           runtime: str | None = None, extra_args: list[str] | None = None,
           on_line: Callable[[str], None] | None = None, timeout: float | None = 1800) -> SmokeResult:
     t0 = time.perf_counter()
-    with unpack(bundle) as ub:
+    with opened(bundle) as ub:
         man = ub.manifest
         local_manifest_sha = sha256_file(ub.root / MANIFEST)
     dest = transport.resolve(dest or default_dest(man))

@@ -72,6 +72,37 @@ def test_run_py_with_the_package_program(bundle, tmp_path):
     assert 0 < res["latency_ms"]["p50"] <= res["latency_ms"]["p90"] <= res["latency_ms"]["p99"]
 
 
+def test_run_py_off_device_latency_is_reported_never_judged(bundle, tmp_path):
+    """run.py never runs on the phone: a host's latency must not pass or fail the device's budget."""
+    import shutil
+
+    copy = tmp_path / "b"
+    shutil.copytree(bundle, copy)
+    man = json.loads((copy / "manifest.json").read_text())  # manifest.json itself is not in its file list
+    assert man["budgets"]["latency_ms"] > 0
+    man["budgets"]["latency_ms"] = 1e-6  # a budget no host can meet: judging it would fail the run
+    (copy / "manifest.json").write_text(json.dumps(man))
+    out = tmp_path / "smoke.json"
+    rc = _runner(copy).main(["--bundle", str(copy), "--output", str(out), "--iters", "5", "--warmup", "1"],
+                            load=MILRuntime)
+    res = json.loads(out.read_text())
+    lat = {c["name"]: c for c in res["checks"]}["latency"]
+    assert rc == 0 and res["passed"] is True, res
+    assert lat["passed"] is None and "budget_ms" not in lat
+    assert "measured on this host, not the device" in lat["detail"]
+    assert res["latency_ms"]["p50"] > 0 and res["latency_ms"]["on_device"] is False
+
+
+def test_off_device_latency_does_not_reach_the_results_store():
+    from edgekit.smoke import SmokeResult
+
+    lat = {"p50": 1.5, "p90": 2.0, "p99": 2.5}
+    on = SmokeResult("d", 0, {"passed": True, "latency_ms": {**lat, "on_device": True}}, 1.0, {})
+    off = SmokeResult("d", 0, {"passed": True, "latency_ms": {**lat, "on_device": False}}, 1.0, {})
+    older = SmokeResult("d", 0, {"passed": True, "latency_ms": lat}, 1.0, {})  # runners before the flag
+    assert on.latency_p50_ms == older.latency_p50_ms == 1.5 and off.latency_p50_ms is None
+
+
 def test_run_py_detects_a_changed_file(bundle, tmp_path):
     import shutil
 

@@ -130,8 +130,12 @@ class Smoke(object):
                      else ", top-1 agreement %.1f%%" % (100 * worst["top1_agreement"])),
                  outputs=per)
 
-    def latency(self, call, warmup, iters, judge=True, label="", note=""):
-        """Time ``call()`` after warm-up; judged against the latency budget on p90 unless ``judge`` is False."""
+    def latency(self, call, warmup, iters, judge=True, label="", note="", on_device=True):
+        """Time ``call()`` after warm-up; judged against the latency budget on p90 unless ``judge`` is False.
+
+        ``on_device=False`` marks a measurement taken off the board (e.g. a Mac for an iPhone
+        bundle): it is recorded as such and never recalibrates the board's cost model.
+        """
         for _ in range(warmup):
             call()
         times = []
@@ -141,7 +145,7 @@ class Smoke(object):
             times.append((time.perf_counter() - t0) * 1000.0)
         lat = {"p50": float(np.percentile(times, 50)), "p90": float(np.percentile(times, 90)),
                "p99": float(np.percentile(times, 99)), "mean": float(np.mean(times)),
-               "iters": len(times), "warmup": warmup}
+               "iters": len(times), "warmup": warmup, "on_device": bool(on_device)}
         self.result["latency_ms"] = lat
         budget = self.budgets.get("latency_ms")
         detail = "%sp50 %.3f / p90 %.3f / p99 %.3f ms" % (label, lat["p50"], lat["p90"], lat["p99"])
