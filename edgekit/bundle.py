@@ -13,12 +13,14 @@ check raises :class:`BundleError` and leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import posixpath
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -182,3 +184,15 @@ def unpack(bundle: str | Path, dest: Path | None = None) -> Unpacked:
                 shutil.rmtree(dest, ignore_errors=True)
             raise
     return Unpacked(dest.resolve(), man, holder)
+
+
+@contextlib.contextmanager
+def opened(bundle: str | Path | Unpacked) -> Iterator[Unpacked]:
+    """``bundle`` unpacked and checked: an :class:`Unpacked` is used as it is (its owner cleans it up),
+    a path is unpacked here and cleaned up on exit. Lets a caller that already read the manifest
+    hand the same unpacked bundle on, instead of unpacking and hashing it twice."""
+    if isinstance(bundle, Unpacked):
+        yield bundle
+        return
+    with unpack(bundle) as ub:
+        yield ub
