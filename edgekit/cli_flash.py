@@ -44,13 +44,6 @@ def _transport(man: dict[str, Any], host: str | None, key, known_hosts, accept: 
                           accept_new_host_key=accept, adb_server=adb_server)
 
 
-def _peek_manifest(bundle: Path) -> dict[str, Any]:
-    from edgekit.bundle import unpack
-
-    with unpack(bundle) as ub:
-        return ub.manifest
-
-
 @app.command()
 def bundle(
     build_dir: Annotated[Path, typer.Argument(help="folder written by `edgekit convert -o`")],
@@ -85,27 +78,29 @@ def flash(
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 
     from edgekit import results
+    from edgekit.bundle import unpack
     from edgekit.flash import flash as run_flash
 
     results.use_db(results_db)
-    man = _peek_manifest(bundle)
-    if board:
-        from edgekit.profiles import load_board
+    with unpack(bundle) as ub:  # unpacked and hashed once: the manifest and the files to send
+        man = ub.manifest
+        if board:
+            from edgekit.profiles import load_board
 
-        want = load_board(board).id
-        if want != man["board"]["id"]:
-            raise EdgekitError(f"{bundle} was built for board {man['board']['id']}, not {want}; "
-                               f"convert again with --board {want}")
-    with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr, Progress(
-        TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err,
-        transient=False,
-    ) as prog:
-        def on_file(rel: str, size: int):
-            task = prog.add_task(rel, total=size)
-            return lambda done: prog.update(task, completed=done)
+            want = load_board(board).id
+            if want != man["board"]["id"]:
+                raise EdgekitError(f"{bundle} was built for board {man['board']['id']}, not {want}; "
+                                   f"convert again with --board {want}")
+        with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr, Progress(
+            TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err,
+            transient=False,
+        ) as prog:
+            def on_file(rel: str, size: int):
+                task = prog.add_task(rel, total=size)
+                return lambda done: prog.update(task, completed=done)
 
-        res = run_flash(bundle, tr, dest=dest, on_file=on_file, log=lambda m: err.print(f"  [dim]{m}[/]"))
-        where = tr.describe()
+            res = run_flash(ub, tr, dest=dest, on_file=on_file, log=lambda m: err.print(f"  [dim]{m}[/]"))
+            where = tr.describe()
     _record("flash", **results.manifest_fields(man), host=where, dest=res.dest, uploaded=res.uploaded,
             skipped=res.skipped, bytes_sent=res.bytes_sent, seconds=round(res.seconds, 3), passed=True)
     state = "already installed" if res.already_installed else f"{len(res.uploaded)} sent, {len(res.skipped)} already there"
@@ -129,14 +124,17 @@ def smoke(
 ) -> None:
     """Run the bundle's smoke test on the board, stream its log, print pass/fail per check."""
     from edgekit import results
+    from edgekit.bundle import unpack
     from edgekit.smoke import smoke as run_smoke
 
     results.use_db(results_db)
-    man = _peek_manifest(bundle)
-    with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr:
-        res = run_smoke(bundle, tr, dest=dest, python=python, runtime=runtime,
-                        on_line=None if as_json else (lambda ln: err.print(f"  │ {ln}", markup=False, highlight=False)))
-        where = tr.describe()
+    with unpack(bundle) as ub:  # unpacked and hashed once, for the manifest and the smoke run
+        man = ub.manifest
+        with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr:
+            res = run_smoke(ub, tr, dest=dest, python=python, runtime=runtime,
+                            on_line=None if as_json else (lambda ln: err.print(f"  │ {ln}", markup=False,
+                                                                             highlight=False)))
+            where = tr.describe()
     r = res.result
     _record("smoke", **results.manifest_fields(man), host=where, dest=res.dest, passed=res.passed,
             measured_latency_ms=res.latency_p50_ms, latency_ms=r.get("latency_ms"), peak_rss_mb=r.get("peak_rss_mb"),

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from edgekit.bundle import MANIFEST, unpack
+from edgekit.bundle import MANIFEST, Unpacked, opened
 from edgekit.errors import EdgekitError
 from edgekit.fsutil import sha256_file
 from edgekit.transports.base import Transport
@@ -55,10 +55,10 @@ class FlashResult:
 FileProgress = Callable[[str, int], Callable[[int], None] | None]
 
 
-def flash(bundle: str | Path, transport: Transport, dest: str | None = None,
+def flash(bundle: str | Path | Unpacked, transport: Transport, dest: str | None = None,
           on_file: FileProgress | None = None, log: Callable[[str], None] = lambda m: None) -> FlashResult:
     t0 = time.perf_counter()
-    with unpack(bundle) as ub:
+    with opened(bundle) as ub:
         man = ub.manifest
         dest = transport.resolve(dest or default_dest(man))
         staging = dest + STAGING

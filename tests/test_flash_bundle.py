@@ -176,6 +176,35 @@ def test_cli_bundle_flash_smoke_results_local(tmp_path):
         results.use_db(None)
 
 
+def test_cli_flash_and_smoke_unpack_the_bundle_once(tmp_path, monkeypatch):
+    """Reading the manifest must not cost a second extraction and sha256 pass over the whole bundle."""
+    from typer.testing import CliRunner
+
+    import edgekit.bundle
+    from edgekit import results
+    from edgekit.cli import app
+
+    calls = []
+    real = edgekit.bundle.unpack
+
+    def counting_unpack(*a, **kw):  # the real unpack, counted
+        calls.append(a[0])
+        return real(*a, **kw)
+
+    monkeypatch.setattr(edgekit.bundle, "unpack", counting_unpack)
+    db, dest = tmp_path / "r.sqlite", tmp_path / "board" / "digits"
+    try:
+        r = CliRunner().invoke(app, ["flash", str(digits_bundle()), "--dest", str(dest), "--results-db", str(db)])
+        assert r.exit_code == 0 and f"{bundle_file_count()} sent" in r.output, r.output
+        assert len(calls) == 1
+        r = CliRunner().invoke(app, ["smoke", str(digits_bundle()), "--dest", str(dest), "--python", sys.executable,
+                                     "--results-db", str(db), "--json"])
+        assert r.exit_code == 0 and json.loads(r.output)["passed"] is True, r.output
+        assert len(calls) == 2
+    finally:
+        results.use_db(None)
+
+
 @pytest.mark.parametrize("text, want", [
     ("local", ("local", "", None, None, None)),
     ("adb", ("adb", "", None, None, None)),
