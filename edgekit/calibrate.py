@@ -18,7 +18,6 @@ platformdirs' user data dir) and applied by :func:`edgekit.costmodel.calibrated`
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from collections.abc import Callable
@@ -28,21 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.fsutil import atomic_write_bytes
+from edgekit.fsutil import atomic_write_bytes, data_root  # shared with edgekit.results
 
 # A fitted efficiency above 1 means the profile's peak is too low for this machine (e.g. a
 # newer CPU than the profile describes); the fit allows that rather than hide it.
 MAX_EFFICIENCY = 8.0
 MICRO_SHAPES = {"conv_bench": "1,16,32,32", "gemm_bench": "1,512", "dw_bench": "1,32,32,32"}
-
-
-def data_root() -> Path:
-    env = os.environ.get("EDGEKIT_DATA_DIR")
-    if env:
-        return Path(env).expanduser()
-    from platformdirs import user_data_dir
-
-    return Path(user_data_dir("edgekit", appauthor=False))
 
 
 def store_path(board_id: str) -> Path:

@@ -1,4 +1,4 @@
-"""Files: hashing and atomic outputs (temporary sibling, then rename)."""
+"""Files: hashing, atomic outputs (temporary sibling, then rename), and edgekit's data folder."""
 
 from __future__ import annotations
 
@@ -13,6 +13,18 @@ from pathlib import Path
 from edgekit.errors import OutputError
 
 MARKER = "manifest.json"
+DATA_DIR_ENV = "EDGEKIT_DATA_DIR"
+
+
+def data_root() -> Path:
+    """edgekit's data folder (results store, calibration fits): ``$EDGEKIT_DATA_DIR``, else
+    platformdirs' user data dir (``~/.local/share/edgekit`` on Linux). The one place that finds it."""
+    env = os.environ.get(DATA_DIR_ENV)
+    if env:
+        return Path(env).expanduser()
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("edgekit", appauthor=False))
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -1,8 +1,9 @@
 """The results store: every convert, bundle, flash and smoke, in one SQLite file.
 
 Where the file lives, first match wins: ``use_db(path)`` (the CLI's ``--results-db``),
-the environment variable ``EDGEKIT_RESULTS_DB``, else ``results.sqlite`` in the user's
-data folder (platformdirs: ``~/.local/share/edgekit`` on Linux).
+the environment variable ``EDGEKIT_RESULTS_DB``, else ``results.sqlite`` in edgekit's data
+folder (:func:`edgekit.fsutil.data_root`: ``$EDGEKIT_DATA_DIR``, else platformdirs'
+``~/.local/share/edgekit`` on Linux) — the folder that also holds the calibration fits.
 
 Each event is one row: its kind, time, board, model hash, precision, bundle name,
 estimated and measured latency, pass/fail, and every other field as JSON. The planner's
@@ -59,9 +60,9 @@ def db_path() -> Path:
         return _override
     if os.environ.get(ENV):
         return Path(os.environ[ENV]).expanduser()
-    from platformdirs import user_data_dir
+    from edgekit.fsutil import data_root
 
-    return Path(user_data_dir("edgekit", appauthor=False)) / "results.sqlite"
+    return data_root() / "results.sqlite"
 
 
 def _connect() -> sqlite3.Connection:

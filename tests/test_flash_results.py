@@ -47,6 +47,19 @@ def test_use_db_overrides_env(db, tmp_path):
         results.use_db(None)
 
 
+def test_results_and_calibration_share_edgekit_data_dir(tmp_path, monkeypatch):
+    """Without EDGEKIT_RESULTS_DB the store lives in $EDGEKIT_DATA_DIR, beside the calibration fits."""
+    from edgekit.calibrate import save_store, store_path
+
+    monkeypatch.delenv(results.ENV, raising=False)
+    monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path / "data"))
+    results.use_db(None)
+    results.record("bundle", board_id="host/host")
+    save_store("host/host", {"board": "host/host", "samples": [], "fit": None})
+    assert results.db_path() == tmp_path / "data" / "results.sqlite" and results.db_path().is_file()
+    assert store_path("host/host").is_file() and store_path("host/host").is_relative_to(tmp_path / "data")
+
+
 def test_unknown_kind_is_a_bug(db):
     with pytest.raises(ValueError):
         results.record("nope")
