@@ -98,7 +98,7 @@ def _float_onnx_for_analysis(model: Model, work: Path, opset: int) -> Path:
 
 
 def convert(
-    model: str | Path,
+    model: str | Path | Model,
     target: str = "jetson",
     out: str | Path = "build",
     board: str | None = None,
@@ -114,8 +114,14 @@ def convert(
     log: Callable[[str], None] = lambda m: None,
     warn: Callable[[str], None] = lambda m: None,
     on_stage: Callable[[str, str], None] = lambda s, m: None,
+    analysis: tuple[ModelStats, Path] | None = None,
 ) -> ConvertResult:
-    """Convert ``model`` for ``target`` on ``board`` into the folder ``out``."""
+    """Convert ``model`` for ``target`` on ``board`` into the folder ``out``.
+
+    ``model`` may be an already loaded :class:`Model` (not loaded again), and ``analysis``
+    that Model's ``analyze_model(model, work, target)`` result (stats, float graph), which is
+    then not analyzed or exported again: the planner passes both for its builds.
+    """
     from edgekit.converters import ConvertJob, get_converter
 
     tgt = load_target(target)
@@ -138,7 +144,7 @@ def convert(
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
         work = Path(tmp)
         with clock.stage("ingest"):
-            m = load_model(model, input_shape, trust_pickle)
+            m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
             calib_ds: Dataset | None = None
             if calib == "random":
                 calib_ds = random_dataset(m)
@@ -148,8 +154,11 @@ def convert(
                 _check_calibration(precision, calib_ds, _warn)
             eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval") if eval_data else None
         with clock.stage("analyze"):
-            src_onnx = _float_onnx_for_analysis(m, work, opset or tgt.opset or 18)
-            stats = analyze_onnx(src_onnx, tgt.supported_ops, tgt.name)
+            if analysis is not None:
+                stats, src_onnx = analysis
+            else:
+                src_onnx = _float_onnx_for_analysis(m, work, opset or tgt.opset or 18)
+                stats = analyze_onnx(src_onnx, tgt.supported_ops, tgt.name)
             if precision == "auto":  # the budget-driven planner picks from the stats just computed
                 from edgekit.planner import choose
 
