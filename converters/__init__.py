@@ -46,6 +46,7 @@ class ConvertJob:
     log: Callable[[str], None] = print
     float_onnx: Path | None = None  # the float ONNX export the analyze stage made (reuse it, don't export twice)
     warn: Callable[[str], None] = print
+    float_tflite: Path | None = None  # the fp32 .tflite the analyze stage made from a Keras / SavedModel model
 
 
 @dataclass
@@ -86,6 +87,28 @@ def load_firmware(runner: str, module: str = "run") -> Any:
         spec.loader.exec_module(mod)
         sys.modules[name] = mod
     return sys.modules[name]
+
+
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off", "")
+
+
+def flag_option(options: dict[str, Any] | None, key: str) -> bool:
+    """A boolean ``--option key=value`` (true/false, 1/0, yes/no, on/off; absent = false): the one parser
+    for converter flags, used by the pipeline and the converters alike."""
+    from edgekit.errors import ConversionError
+
+    v = (options or {}).get(key)
+    if v is None or v is False:
+        return False
+    if v is True:
+        return True
+    text = str(v).strip().lower()
+    if text in _TRUE:
+        return True
+    if text in _FALSE:
+        return False
+    raise ConversionError(f"--option {key}={v}: expected true or false")
 
 
 def get_converter(name: str) -> Converter:

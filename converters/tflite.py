@@ -1,4 +1,7 @@
-"""Android / Linux-ARM: a ``.tflite`` model written by litert-torch, verified in LiteRT.
+"""Android / Linux-ARM: a ``.tflite`` model written by litert-torch (torch input) or by
+TensorFlow's TFLiteConverter (Keras / SavedModel input), verified in LiteRT.
+
+torch input (.pt2, TorchScript, factory):
 
 fp32           litert-torch straight from the torch.export program (no TensorFlow).
 fp16           fp32 model with fp16 conv/linear weights (ai-edge-quantizer FLOAT_CASTING,
@@ -14,6 +17,16 @@ int8           full integer: PT2E static config (per-channel symmetric int8 weig
                op's tensor types after converting: a float op fails the build with the op
                list unless ``allow_float_fallback`` is set.
 
+Keras (.keras / .h5) and SavedModel input (TensorFlow only needed here, ``edgekit[keras]``):
+  Keras models are exported with ``keras.export.ExportArchive`` at the fixed input shapes, a
+  SavedModel's ``serving_default`` is traced at them; ``tf.lite.TFLiteConverter`` then writes
+fp32           the float model (BatchNorm folded, activations fused), NHWC as the model.
+fp16           ``supported_types=[tf.float16]``: fp16 weights, DEQUANTIZE to fp32 compute.
+int8-dynamic   ``Optimize.DEFAULT`` without data: int8 weights (tensors of >= 1024 elements;
+               TensorFlow keeps smaller ones float), activations quantized at run time.
+int8           full integer: ``representative_dataset`` from --calib, ``TFLITE_BUILTINS_INT8``,
+               int8 input/output; the same audit, TRANSPOSE count and ``io=float`` rewrite.
+
 Options (``--option key=value``):
   ``io=float``                  int8 with float32 input/output tensors (QUANTIZE/DEQUANTIZE at the
                                 edges; the int8 scale/zero point stay in the manifest)
@@ -27,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import statistics
@@ -37,7 +51,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
+from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
 
@@ -57,12 +71,15 @@ _FLOAT_TYPES = {"FLOAT32", "FLOAT16", "FLOAT64"}
 
 
 def _quiet():
-    """litert-torch prints a progress tree and absl logs; keep the CLI readable."""
+    """litert-torch / TensorFlow print progress trees and absl logs; keep the CLI readable.
+    The root logger's level is restored on exit."""
     stack = contextlib.ExitStack()
     stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
     stack.enter_context(warnings.catch_warnings())
     warnings.simplefilter("ignore")
-    logging.getLogger().setLevel(logging.ERROR)
+    root = logging.getLogger()
+    stack.callback(root.setLevel, root.level)
+    root.setLevel(logging.ERROR)
     return stack
 
 
@@ -255,45 +272,76 @@ class TFLiteConverter:
 
     def convert(self, job: ConvertJob) -> Artifact:
         m = job.model
-        if not m.is_torch or m.torch_module is None:
+        if not m.is_tf and (not m.is_torch or m.torch_module is None):
             raise ConversionError(
-                f"{m.source}: the android target converts PyTorch models (.pt2, TorchScript, pkg.module:factory); "
-                "ONNX input is not taken: export the torch model with torch.export.save"
+                f"{m.source}: the android target converts PyTorch (.pt2, TorchScript, pkg.module:factory) and "
+                "Keras / SavedModel models; ONNX input is not taken: export the torch model with torch.export.save"
             )
-        layout = str(job.options.get("layout") or "nchw").lower()
-        if layout not in ("nchw", "nhwc"):
-            raise ConversionError(f"--option layout={layout}: choose nchw (as the torch model) or nhwc")
-        allow_fallback = _truthy(job.options.get("allow_float_fallback"))
+        allow_fallback = flag_option(job.options, "allow_float_fallback")
         io_kind = str(job.options.get("io") or "int8").lower()
         if io_kind not in ("int8", "float"):
             raise ConversionError(f"--option io={io_kind}: choose int8 (default for int8) or float")
-        torch = require("torch")
-        lt = _litert_torch()
+        if job.precision not in ("fp32", "fp16", "int8-dynamic", "int8"):
+            raise ConversionError(
+                f"precision {job.precision!r} is not offered by the android target (fp32, fp16, int8-dynamic, int8)"
+            )
         dest = job.out_dir / PRIMARY
-        sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-        module = self._module(job)
-        meta: dict[str, Any] = {"layout": layout, "converter": "litert-torch"}
         notes: list[str] = []
         t0 = time.perf_counter()
+        if m.is_tf:
+            if job.options.get("layout"):
+                raise ConversionError(
+                    f"--option layout={job.options['layout']}: layout is for torch (NCHW) models; the .tflite of a "
+                    "Keras / SavedModel model keeps the model's own layout (NHWC), no TRANSPOSE needed"
+                )
+            # "source": the .tflite takes the model's own tensors as they are (runners transpose nothing)
+            meta: dict[str, Any] = {"layout": "source", "source_layout": m.inputs[0].layout or "as the model",
+                                    "converter": "TensorFlow TFLiteConverter"}
+            reuse = Path(job.float_tflite) if job.float_tflite is not None else None
+            record = reuse.with_name(reuse.name + ".json") if reuse is not None else None
+            if job.precision == "fp32" and reuse is not None and reuse.is_file() and record.is_file():
+                dest.write_bytes(reuse.read_bytes())  # the analyze stage's fp32 conversion, not done twice
+                meta["quantization"] = json.loads(record.read_text())
+                t0 -= meta["quantization"].pop("conversion_s", 0.0)  # conversion_s: that conversion's time
+                meta["quantization"]["reused"] = "converted by the analyze stage"
+            else:
+                meta["quantization"] = tf_convert(m, dest, job.precision, job.calib, job.work_dir, allow_fallback,
+                                                  log=job.log)
+            meta["toolchain"] = toolchain_versions("tensorflow-cpu", "tensorflow", "keras")
+        else:
+            layout = str(job.options.get("layout") or "nchw").lower()
+            if layout not in ("nchw", "nhwc"):
+                raise ConversionError(f"--option layout={layout}: choose nchw (as the torch model) or nhwc")
+            meta = {"layout": layout, "converter": "litert-torch"}
+            meta["quantization"] = self._convert_torch(job, dest, layout)
+        if job.precision == "int8" and io_kind == "float":
+            meta["int8_io"] = audit(dest)["io"]  # the scale/zero point inside the float edges
+            n = float_io(dest)
+            meta["quantization"]["io"] = "float32 (QUANTIZE/DEQUANTIZE at the edges)"
+            job.log(f"io=float: {n} int8 input/output tensor(s) given float32 twins")
+        return self._finish(job, dest, meta, notes, t0, io_kind, allow_fallback)
+
+    def _convert_torch(self, job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
+        """litert-torch: fp32 / fp16 from the float program, int8 / int8-dynamic through PT2E."""
+        m = job.model
+        torch = require("torch")
+        lt = _litert_torch()
+        sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+        module = self._module(job)
         if job.precision in ("fp32", "fp16"):
             edge = self._lower(lt, module, sample, layout, None, m)
             with _quiet():
                 edge.export(str(job.work_dir / "float.tflite") if job.precision == "fp16" else str(dest))
             if job.precision == "fp16":
-                meta["quantization"] = self._fp16(job.work_dir / "float.tflite", dest)
-        elif job.precision in ("int8-dynamic", "int8"):
-            meta["quantization"], edge = self._pt2e(job, lt, module, sample, layout, dynamic=job.precision != "int8")
-            with _quiet():
-                edge.export(str(dest))
-            if job.precision == "int8" and io_kind == "float":
-                meta["int8_io"] = audit(dest)["io"]  # the scale/zero point inside the float edges
-                n = float_io(dest)
-                meta["quantization"]["io"] = "float32 (QUANTIZE/DEQUANTIZE at the edges)"
-                job.log(f"io=float: {n} int8 input/output tensor(s) given float32 twins")
-        else:
-            raise ConversionError(
-                f"precision {job.precision!r} is not offered by the android target (fp32, fp16, int8-dynamic, int8)"
-            )
+                return self._fp16(job.work_dir / "float.tflite", dest)
+            return {"tool": "litert-torch", "weights": "fp32", "activations": "fp32", "io": "float32"}
+        info, edge = self._pt2e(job, lt, module, sample, layout, dynamic=job.precision != "int8")
+        with _quiet():
+            edge.export(str(dest))
+        return info
+
+    def _finish(self, job: ConvertJob, dest: Path, meta: dict[str, Any], notes: list[str], t0: float,
+                io_kind: str, allow_fallback: bool) -> Artifact:
         meta["conversion_s"] = round(time.perf_counter() - t0, 2)
         rep = audit(dest, float_io_ok=io_kind == "float")
         meta["io"] = rep["io"]
@@ -449,6 +497,7 @@ class TFLiteConverter:
 
     @staticmethod
     def versions() -> dict[str, str]:
+        # TensorFlow (Keras input only) is recorded in artifact.toolchain of the builds that used it
         return toolchain_versions("torch", "litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer",
                                   "torchao")
 
@@ -460,12 +509,178 @@ def _interpreter(path: Path, threads: int):
     return interp
 
 
-def _truthy(v: Any) -> bool:
-    return v is True or str(v).lower() in ("1", "true", "yes", "on")
-
-
 def _dist_version(dist: str) -> str:
     return toolchain_versions(dist).get(dist, "?")
+
+
+# ---------------------------------------------------------------- Keras / SavedModel (TensorFlow)
+
+
+def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_dir: Path | None = None,
+               allow_float_fallback: bool = False, log=lambda m: None) -> dict[str, Any]:
+    """Write ``dest`` from a Keras / SavedModel Model with ``tf.lite.TFLiteConverter``; returns the
+    quantization record for the manifest. Also used by the analyze stage (fp32)."""
+    from edgekit.ingest import TF_EXTRA, _tf
+
+    tf = _tf()
+    if work_dir is None:
+        raise ValueError("tf_convert needs a work_dir")  # a bug, not a user error
+    conv, as_feed = _tf_converter(tf, model, Path(work_dir))
+    tool = f"TensorFlow {tf.__version__} TFLiteConverter"
+    info: dict[str, Any]
+    if precision == "fp32":
+        info = {"tool": tool, "weights": "fp32", "activations": "fp32", "io": "float32"}
+    elif precision == "fp16":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.target_spec.supported_types = [tf.float16]
+        info = {"tool": tool + " (supported_types float16)", "weights": "fp16 (DEQUANTIZE to fp32)",
+                "activations": "fp32", "io": "float32"}
+    elif precision == "int8-dynamic":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        info = {"tool": tool + " (Optimize.DEFAULT, no representative data)",
+                "weights": "int8 per-channel (TensorFlow keeps weight tensors under 1024 elements float)",
+                "activations": "int8 quantized at run time (dynamic range)", "io": "float32"}
+    elif precision == "int8":
+        if calib is None:  # the pipeline refuses int8 without --calib
+            raise InputSpecError("int8 needs calibration data: give --calib FILE.npz")
+        feeds = list(calib.batches(model))
+        if not feeds:
+            raise InputSpecError(f"--calib {calib.source}: no batch of {model.inputs[0].shape[0]} samples in it")
+
+        def representative():
+            for feed in feeds:
+                yield as_feed(feed)
+
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.representative_dataset = representative
+        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        if allow_float_fallback:
+            ops.append(tf.lite.OpsSet.TFLITE_BUILTINS)  # ops without an int8 kernel stay float (audited)
+        conv.target_spec.supported_ops = ops
+        conv.inference_input_type = tf.int8
+        conv.inference_output_type = tf.int8
+        info = {"tool": tool + " (representative_dataset, TFLITE_BUILTINS_INT8)",
+                "weights": "int8 symmetric per-channel", "activations": "int8 per-tensor affine (min/max on --calib)",
+                "io": "int8", "calibration_batches": len(feeds), "calibration_source": calib.source}
+        log(f"TFLiteConverter calibrates on {len(feeds)} batches")
+    else:
+        raise ConversionError(f"precision {precision!r} is not offered for Keras / SavedModel input")
+    captured = io.StringIO()
+    try:
+        with _quiet(), _stderr_fd_to(captured):
+            data = conv.convert()
+    except Exception as exc:  # the converter raises ConverterError, RuntimeError, ValueError ...
+        raise ConversionError(_explain_tf_failure(exc, model.source, precision, allow_float_fallback,
+                                                  captured.getvalue())) from None
+    Path(dest).write_bytes(data)
+    _order_io(Path(dest), [_sig_name(s.name, i) for i, s in enumerate(model.inputs)], len(model.outputs))
+    info["extra"] = TF_EXTRA
+    return info
+
+
+def _sig_name(name: str, i: int) -> str:
+    from edgekit.ingest import _tf_arg_name
+
+    return _tf_arg_name(name, i)
+
+
+def _tf_converter(tf: Any, model: Any, work_dir: Path):
+    """(TFLiteConverter, feed -> representative sample) for the model at its fixed input shapes.
+
+    Keras: ``keras.export.ExportArchive`` writes a SavedModel with one endpoint at the fixed
+    shapes (converting the Keras model's traced function directly leaves its variables as
+    READ_VARIABLE ops instead of constants). SavedModel: its ``serving_default`` signature traced
+    at the fixed shapes (``Model.tf_function``), the loaded object as the trackable.
+    """
+    names = [s.name for s in model.inputs]
+    if model.kind == "keras":
+        keras = require("keras", "keras")
+        export = work_dir / "keras_export"
+        if not (export / "saved_model.pb").is_file():
+            km = model.tf_model
+            sig = [tf.TensorSpec(s.shape, s.dtype, name=_sig_name(s.name, i)) for i, s in enumerate(model.inputs)]
+            archive = keras.export.ExportArchive()
+            archive.track(km)
+
+            def serve(*xs):
+                return tuple(tf.nest.flatten(km(list(xs) if len(xs) > 1 else xs[0], training=False)))
+
+            archive.add_endpoint("serve", serve, input_signature=sig)
+            with _quiet():
+                archive.write_out(str(export), verbose=False)
+        conv = tf.lite.TFLiteConverter.from_saved_model(str(export), signature_keys=["serve"])
+    else:
+        conv = tf.lite.TFLiteConverter.from_concrete_functions([model.tf_function], model.tf_model)
+    # samples keyed by signature input name: TFLite orders a signature's inputs by name, not as the model does
+    keys = [_sig_name(n, i) for i, n in enumerate(names)]
+    return conv, lambda feed: {k: feed[n] for k, n in zip(keys, names, strict=True)}
+
+
+def _order_io(path: Path, input_names: list[str], n_outputs: int) -> None:
+    """Make the .tflite's input/output order that of the model (TFLite orders a signature's tensors
+    by name): inputs by the signature's input names, outputs output_0, output_1, ... Rewrites
+    ``path`` only when the order differs (multi-input / multi-output models)."""
+    if len(input_names) < 2 and n_outputs < 2:
+        return
+    flatbuffers = require("flatbuffers", EXTRA)
+    s = require("ai_edge_litert.schema_py_generated", EXTRA)
+    model = s.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
+    sg = model.subgraphs[0]
+    sig = (model.signatureDefs or [None])[0]
+    if sig is None:
+        return
+
+    def by_name(tms) -> dict[str, int]:
+        return {(t.name.decode() if isinstance(t.name, bytes) else str(t.name)): int(t.tensorIndex) for t in tms or []}
+
+    ins, outs = by_name(sig.inputs), by_name(sig.outputs)
+    want_in = [ins[n] for n in input_names if n in ins]
+    out_keys = sorted(outs, key=lambda k: (len(k), k))  # output_0, output_1, ..., output_10
+    want_out = [outs[k] for k in out_keys]
+    changed = False
+    if len(want_in) == len(sg.inputs) and want_in != [int(i) for i in sg.inputs]:
+        sg.inputs, changed = want_in, True
+    if len(want_out) == len(sg.outputs) and want_out != [int(i) for i in sg.outputs]:
+        sg.outputs, changed = want_out, True
+    if changed:
+        b = flatbuffers.Builder(1024)
+        b.Finish(model.Pack(b), file_identifier=b"TFL3")
+        path.write_bytes(bytes(b.Output()))
+
+
+@contextlib.contextmanager
+def _stderr_fd_to(sink: io.StringIO):
+    """TensorFlow's converter and calibrator print from C++ straight to file descriptor 2
+    ("fully_quantize: 0, inference_type: 6 ..."); collect that into ``sink`` (for error messages)."""
+    import sys
+    import tempfile
+
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, AttributeError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            sink.write(tmp.read().decode(errors="replace"))
+
+
+def _explain_tf_failure(exc: Exception, source: str, precision: str, allow_fallback: bool, log: str = "") -> str:
+    text = str(exc).strip()
+    lines = [ln.strip() for ln in (text + "\n" + log).splitlines() if ln.strip()]
+    first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
+    msg = f"{source}: TensorFlow's TFLiteConverter could not convert the model at {precision} ({type(exc).__name__}: {first[:300]})"
+    if precision == "int8" and not allow_fallback:
+        msg += ("; an op without an int8 kernel blocks full-integer int8: replace that layer, "
+                "or pass --option allow_float_fallback=true to keep it float")
+    return msg
 
 
 def _explain_export_failure(exc: Exception, source: str) -> str:

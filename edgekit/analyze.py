@@ -1,7 +1,10 @@
 """Analyze: per-layer parameters, MACs, activation bytes, and peak live memory.
 
-Works on the float ONNX graph (every ingest kind reaches it), with ONNX shape
-inference for tensor sizes. Peak activation memory is a liveness walk over the graph
+Works on the float ONNX graph (torch and ONNX input), with ONNX shape inference for
+tensor sizes, or on the float ``.tflite`` that TensorFlow's TFLiteConverter writes
+(Keras / SavedModel input, android target only), where every tensor shape is static.
+:func:`analyze_model` picks the graph by the model's kind; the pipeline and
+``edgekit inspect`` both call it. Peak activation memory is a liveness walk over the graph
 in execution order: a tensor is live from the node that makes it to its last reader
 (graph outputs stay live), so the peak is what a runtime without in-place reuse must
 hold at once — not the sum of all tensors.
@@ -63,6 +66,40 @@ def weight_bytes_per_precision(weight_params: int, other_params: int) -> dict[st
         "int8": weight_params + 4 * other_params,
         "int4": (weight_params + 1) // 2 + 4 * other_params,
     }
+
+
+def analyze_model(model: Any, work_dir: Path, target: Any = None, opset: int | None = None) -> tuple[ModelStats, Path]:
+    """The analyze stage for every ingest kind: (stats, the float graph that was analyzed).
+
+    torch -> ONNX export (reused by ONNX-based converters), ONNX -> the file itself,
+    Keras / SavedModel -> fp32 ``.tflite`` from TFLiteConverter (reused by the android converter).
+    ``target`` (a Target profile) adds its op-support check.
+    """
+    from edgekit.ingest import check_target_takes
+
+    check_target_takes(model, target)
+    name = target.name if target is not None else None
+    if model.is_tf:
+        from edgekit.converters.tflite import tf_convert
+
+        import json
+        import time
+
+        path = Path(work_dir) / "float.tflite"
+        t0 = time.perf_counter()
+        info = tf_convert(model, path, "fp32", work_dir=Path(work_dir))
+        info["conversion_s"] = round(time.perf_counter() - t0, 2)
+        # the android converter reuses this fp32 .tflite (and its record) instead of converting twice
+        path.with_name(path.name + ".json").write_text(json.dumps(info))
+        return analyze_tflite(path, target.supported_tflite_ops if target is not None else None, name), path
+    if model.is_torch:
+        from edgekit.onnx_graph import export_onnx
+
+        path = export_onnx(model, Path(work_dir) / "analysis.onnx",
+                           opset or (target.opset if target is not None else None) or 18)
+    else:
+        path = Path(model.onnx_path)
+    return analyze_onnx(path, target.supported_ops if target is not None else None, name), path
 
 
 def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str | None = None) -> ModelStats:
@@ -213,3 +250,137 @@ def _liveness(g, weight_names: set[str], nbytes) -> tuple[int, int]:
             if name not in outputs and last_use.get(name, -1) <= i:
                 del live[name]
     return peak, total
+
+
+# ---------------------------------------------------------------- float .tflite (Keras / SavedModel input)
+
+TFLITE_TYPE_BYTES = {"FLOAT32": 4, "FLOAT16": 2, "FLOAT64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4,
+                     "INT64": 8, "BOOL": 1}
+TFLITE_WEIGHT_OPS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", "CONV_3D", "BATCH_MATMUL"}
+
+
+def analyze_tflite(path: Path, supported_ops: list[str] | None = None, target: str | None = None) -> ModelStats:
+    """Per-op parameters, MACs and activation bytes of a float ``.tflite`` (shapes are static there).
+
+    Layers are the flatbuffer's operators in execution order (TFLiteConverter has folded
+    BatchNorm into the convolutions and fused activations, as the board will run it); weights
+    are the constant float inputs (index 1 of CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED /
+    TRANSPOSE_CONV; biases and other constants count as other parameters); int32/int64
+    constants (shapes, axes) are not parameters.
+    """
+    s = require("ai_edge_litert.schema_py_generated", "android")
+    model = s.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
+    op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
+    type_names = {v: k for k, v in vars(s.TensorType).items() if not k.startswith("_")}
+    sg = model.subgraphs[0]
+
+    def tensor_name(i: int) -> str:
+        t = sg.tensors[i].name
+        return t.decode(errors="replace") if isinstance(t, bytes) else str(t)
+
+    def dims(i: int) -> list[int]:
+        return [int(d) for d in sg.tensors[i].shape] if sg.tensors[i].shape is not None else []
+
+    def numel(i: int) -> int:
+        return int(np.prod(dims(i), dtype=np.int64)) if dims(i) else 1
+
+    def nbytes(i: int) -> int:
+        return numel(i) * TFLITE_TYPE_BYTES.get(type_names.get(sg.tensors[i].type, ""), 4)
+
+    def is_const(i: int) -> bool:
+        b = sg.tensors[i].buffer
+        if not 0 < b < len(model.buffers):
+            return False
+        buf = model.buffers[b]
+        return (buf.data is not None and len(buf.data) > 0) or bool(getattr(buf, "size", 0))
+
+    n_tensors = len(sg.tensors)
+    const = {i for i in range(n_tensors) if is_const(i)}
+    counted: set[int] = set()
+    layers: list[LayerStats] = []
+    ops: dict[str, int] = {}
+    unsupported: list[dict[str, str]] = []
+    allowed = set(supported_ops) if supported_ops is not None else None
+    weight_params = other_params = 0
+    op_io: list[tuple[list[int], list[int]]] = []
+    for k, op in enumerate(sg.operators):
+        oc = model.operatorCodes[op.opcodeIndex]
+        name = op_names.get(max(oc.builtinCode, oc.deprecatedBuiltinCode), "CUSTOM")
+        if name == "CUSTOM" and oc.customCode:
+            name = f"CUSTOM:{oc.customCode.decode() if isinstance(oc.customCode, bytes) else oc.customCode}"
+        ins = [int(i) for i in (op.inputs if op.inputs is not None else []) if i >= 0]
+        outs = [int(o) for o in (op.outputs if op.outputs is not None else [])]
+        op_io.append((ins, outs))
+        ops[name] = ops.get(name, 0) + 1
+        p = 0
+        for j, i in enumerate(ins):
+            if i not in const or i in counted:
+                continue
+            counted.add(i)
+            if type_names.get(sg.tensors[i].type) in ("INT32", "INT64", "BOOL") or numel(i) <= 1:
+                continue
+            p += numel(i)
+            if name in TFLITE_WEIGHT_OPS and j == 1:
+                weight_params += numel(i)
+            else:
+                other_params += numel(i)
+        node = tensor_name(outs[0]) if outs else f"{name}_{k}"
+        layers.append(LayerStats(name=node, op=name, params=p, macs=_tflite_macs(name, ins, outs, dims, numel),
+                                 output_shape=dims(outs[0]) if outs else [],
+                                 activation_bytes=sum(nbytes(o) for o in outs)))
+        if allowed is not None and name not in allowed:
+            unsupported.append({"op": name, "node": node})
+
+    # liveness over the operators in execution order (as in _liveness for ONNX)
+    last_use: dict[int, int] = {}
+    for k, (ins, _) in enumerate(op_io):
+        for i in ins:
+            if i not in const:
+                last_use[i] = k
+    graph_out = {int(o) for o in sg.outputs}
+    live = {int(i): nbytes(int(i)) for i in sg.inputs}
+    peak = total = sum(live.values())
+    input_bytes = total
+    for k, (_, outs) in enumerate(op_io):
+        for o in outs:
+            if o not in const:
+                live[o] = nbytes(o)
+                total += live[o]
+        peak = max(peak, sum(live.values()))
+        for t in list(live):
+            if t not in graph_out and last_use.get(t, -1) <= k:
+                del live[t]
+    return ModelStats(
+        params=weight_params + other_params,
+        macs=sum(layer.macs for layer in layers),
+        weight_params=weight_params,
+        other_params=other_params,
+        weight_bytes=weight_bytes_per_precision(weight_params, other_params),
+        peak_activation_bytes=peak,
+        total_activation_bytes=total,
+        input_bytes=input_bytes,
+        layers=layers,
+        ops=dict(sorted(ops.items())),
+        unsupported=unsupported,
+        target=target,
+    )
+
+
+def _tflite_macs(op: str, ins: list[int], outs: list[int], dims, numel) -> int:
+    if not outs or len(ins) < 2:
+        return 0
+    w = dims(ins[1])
+    if op == "CONV_2D" and len(w) == 4:  # weights [Cout, KH, KW, Cin/groups]
+        return numel(outs[0]) * w[1] * w[2] * w[3]
+    if op == "DEPTHWISE_CONV_2D" and len(w) == 4:  # weights [1, KH, KW, Cout]
+        return numel(outs[0]) * w[1] * w[2]
+    if op == "FULLY_CONNECTED" and len(w) == 2:  # weights [Cout, Cin]
+        return numel(outs[0]) * w[1]
+    if op == "TRANSPOSE_CONV" and len(w) == 4 and len(ins) > 2:  # (output_shape, weights [Cout,KH,KW,Cin], input)
+        return numel(ins[2]) * w[0] * w[1] * w[2]
+    if op == "CONV_3D" and len(w) == 5:  # weights [KD, KH, KW, Cin, Cout]
+        return numel(outs[0]) * w[0] * w[1] * w[2] * w[3]
+    if op == "BATCH_MATMUL":
+        a = dims(ins[0])
+        return numel(outs[0]) * a[-1] if a else 0
+    return 0

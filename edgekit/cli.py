@@ -44,7 +44,7 @@ def _mb(n: float) -> str:
 
 @app.command()
 def convert(
-    model: Annotated[str, typer.Argument(help="model file (.pt2, .pt, .onnx) or pkg.module:factory")],
+    model: Annotated[str, typer.Argument(help="model file (.pt2, .pt, .onnx, .keras, .h5), SavedModel folder, or pkg.module:factory")],
     target: Annotated[str, typer.Option("--target", "-t", help="output target, see `edgekit targets`")] = "jetson",
     out: Annotated[Path, typer.Option("--output", "-o", help="output folder (replaced atomically)")] = Path("build"),
     board: Annotated[str | None, typer.Option("--board", "-b", help="board profile, see `edgekit boards`")] = None,
@@ -109,7 +109,7 @@ def convert(
 
 @app.command()
 def inspect(
-    model: Annotated[str, typer.Argument(help="model file (.pt2, .pt, .onnx) or pkg.module:factory")],
+    model: Annotated[str, typer.Argument(help="model file (.pt2, .pt, .onnx, .keras, .h5), SavedModel folder, or pkg.module:factory")],
     target: Annotated[str | None, typer.Option("--target", "-t", help="also check ops against this target")] = None,
     input_shape: ShapeOpt = None,
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle")] = False,
@@ -119,16 +119,16 @@ def inspect(
     """Parameters, MACs, weight bytes per precision, peak live activations, per-layer table."""
     import tempfile
 
-    from edgekit.analyze import analyze_onnx
-    from edgekit.ingest import load_model
-    from edgekit.onnx_graph import export_onnx
+    from edgekit.analyze import analyze_model
+    from edgekit.ingest import check_target_takes, load_model
     from edgekit.profiles import load_target
 
     tgt = load_target(target) if target else None
+    check_target_takes(model, tgt)
     m = load_model(model, input_shape, trust_pickle)
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
-        path = m.onnx_path if not m.is_torch else export_onnx(m, Path(tmp) / "model.onnx", (tgt.opset if tgt else None) or 18)
-        stats = analyze_onnx(Path(path), tgt.supported_ops if tgt else None, target)
+        # the same analysis as convert's analyze stage (ONNX graph; fp32 .tflite for Keras / SavedModel)
+        stats, _ = analyze_model(m, Path(tmp), tgt)
     if as_json:
         out = stats.to_json()
         out["model"] = {"source": m.source, "kind": m.kind, "sha256": m.sha256,
@@ -144,7 +144,7 @@ def inspect(
             t.add_row(str(i), lay.name, lay.op, f"{lay.params:,}", f"{lay.macs:,}", str(lay.output_shape),
                       f"{lay.activation_bytes:,}")
         console.print(t)
-        console.print(f"inputs: {', '.join(f'{s.name} {list(s.shape)} {s.dtype}' for s in m.inputs)}")
+        console.print(f"inputs: {', '.join(f'{s.name} {list(s.shape)} {s.dtype}' + (f' {s.layout.upper()}' if s.layout else '') for s in m.inputs)}")
         console.print(f"parameters: {stats.params:,}   MACs: {stats.macs:,}")
         console.print("weight bytes: " + "   ".join(f"{k} {_mb(b)}" for k, b in stats.weight_bytes.items()))
         console.print(f"peak live activations: {_mb(stats.peak_activation_bytes)} "

@@ -68,9 +68,13 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
         if arr.ndim == len(spec.shape) - 1 and tuple(arr.shape) == tuple(spec.shape[1:]) and spec.shape[0] == 1:
             arr = arr[None]
         if tuple(arr.shape[1:]) != sample:
+            hint = ""
+            if spec.layout == "nhwc" and arr.ndim == 4 and tuple(arr.shape[1:]) == (sample[2], sample[0], sample[1]):
+                hint = ("; this array looks NCHW, the model takes NHWC (Keras / TensorFlow): "
+                        "save np.transpose(x, (0, 2, 3, 1)) instead")
             raise InputSpecError(
                 f"{what} {path}: input {spec.name!r} has shape {list(arr.shape)}; "
-                f"the model expects [N, {', '.join(map(str, sample))}] (samples first)"
+                f"the model expects [N, {', '.join(map(str, sample))}] (samples first){hint}"
             )
         if not np.issubdtype(arr.dtype, np.number):
             raise InputSpecError(f"{what} {path}: input {spec.name!r} has dtype {arr.dtype}; expected numbers")

@@ -15,6 +15,8 @@ KNOWN = {
     "onnxruntime": ("onnxruntime", "jetson"),
     "onnxslim": ("onnxslim", "jetson"),
     "onnxscript": ("onnxscript", "jetson"),
+    "tensorflow": ("tensorflow-cpu", "keras"),  # only for Keras / SavedModel input
+    "keras": ("keras", "keras"),
 }
 
 

@@ -1,10 +1,12 @@
 """Ingest: a model file or ``pkg.module:factory`` -> :class:`Model`.
 
 Kinds: torch ExportedProgram (``.pt2``), TorchScript (``.pt``/``.pth`` zip with code),
-ONNX (``.onnx``), a factory returning an ``nn.Module`` (with ``--input-shape``), and a
+ONNX (``.onnx``), a factory returning an ``nn.Module`` (with ``--input-shape``), a
 pickled ``nn.Module`` only with ``trust_pickle=True`` (``torch.load`` runs code from the
-file; the default is weights-only). The input spec (names, shapes, dtypes) is fixed
-here; every later stage reads it from the Model.
+file; the default is weights-only), and Keras (``.keras``, ``.h5``) or a TensorFlow
+SavedModel folder (holds ``saved_model.pb``), read with TensorFlow (``edgekit[keras]``).
+The input spec (names, shapes, dtypes, layout) is fixed here; every later stage reads it
+from the Model.
 """
 
 from __future__ import annotations
@@ -32,28 +34,52 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    layout: str | None = None  # "nhwc" for image inputs of Keras / TensorFlow models; None = as given (torch: NCHW)
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        d: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.layout:
+            d["layout"] = self.layout
+        return d
+
+
+TORCH_KINDS = ("exported_program", "torchscript", "factory", "pickle")
+TF_KINDS = ("keras", "saved_model")
+KERAS_SUFFIXES = (".keras", ".h5", ".hdf5")
 
 
 @dataclass
 class Model:
     source: str
-    kind: str  # exported_program | torchscript | onnx | factory | pickle
+    kind: str  # exported_program | torchscript | onnx | factory | pickle | keras | saved_model
     sha256: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec] = field(default_factory=list)
     torch_module: Any = None  # callable torch module (eval mode) for torch kinds
     exported: Any = None  # torch.export.ExportedProgram when known
     onnx_path: Path | None = None  # float ONNX, for onnx kind or once exported
+    tf_model: Any = None  # keras.Model, or the object tf.saved_model.load returned (keeps its variables alive)
+    tf_function: Any = None  # tf ConcreteFunction: positional inputs (static shapes) -> tuple of outputs
 
     @property
     def is_torch(self) -> bool:
-        return self.kind != "onnx"
+        return self.kind in TORCH_KINDS
+
+    @property
+    def is_tf(self) -> bool:
+        return self.kind in TF_KINDS
 
     def reference(self) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
         """The float model as a function of named numpy inputs (one batch)."""
+        if self.is_tf:
+            tf = _tf()
+            fn = self.tf_function
+
+            def run_tf(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+                outs = fn(*[tf.constant(np.ascontiguousarray(feeds[s.name], dtype=s.dtype)) for s in self.inputs])
+                return [np.asarray(o) for o in outs]
+
+            return run_tf
         if self.is_torch:
             torch = require("torch")
             mod = self.torch_module
@@ -114,7 +140,12 @@ def load_model(
     if not path.exists():
         raise ModelLoadError(f"{src}: no such file (give a model file or pkg.module:factory)")
     if path.is_dir():
-        raise ModelLoadError(f"{src} is a folder; give the model file (.pt2, .onnx, .pt)")
+        if (path / "saved_model.pb").is_file():
+            return _load_saved_model(path, shapes)
+        raise ModelLoadError(
+            f"{src} is a folder without saved_model.pb; give the model file (.pt2, .onnx, .pt, .keras, .h5) "
+            "or a TensorFlow SavedModel folder"
+        )
     if path.stat().st_size == 0:
         raise ModelLoadError(f"{src} is empty; re-save the model")
     suffix = path.suffix.lower()
@@ -122,10 +153,33 @@ def load_model(
         return _load_onnx(path, shapes)
     if suffix in (".pt2", ".pt", ".pth", ".ts", ".torchscript", ".jit"):
         return _load_torch_file(path, shapes, trust_pickle)
+    if suffix in KERAS_SUFFIXES:
+        return _load_keras(path, shapes)
     raise ModelLoadError(
         f"{src}: unknown model file type {suffix or '(none)'}; edgekit reads .pt2 (torch.export), "
-        ".pt/.pth (TorchScript or, with --trust-pickle, a pickled module), .onnx, or pkg.module:factory"
+        ".pt/.pth (TorchScript or, with --trust-pickle, a pickled module), .onnx, .keras/.h5 (Keras), "
+        "a SavedModel folder, or pkg.module:factory"
     )
+
+
+def source_kind(source: str | Path) -> str | None:
+    """The TensorFlow kind a path will load as ("keras", "saved_model"), from its name alone; else None."""
+    path = Path(str(source))
+    if path.is_dir():
+        return "saved_model" if (path / "saved_model.pb").is_file() else None
+    return "keras" if path.suffix.lower() in KERAS_SUFFIXES else None
+
+
+def check_target_takes(model: Model | str | Path, target: Any) -> None:
+    """Refuse a model kind the target's converter cannot take: Keras / SavedModel go to android only.
+    Takes a loaded Model, or a path (checked by name before TensorFlow is imported)."""
+    kind, source = (model.kind, model.source) if isinstance(model, Model) else (source_kind(model), str(model))
+    if kind in TF_KINDS and target is not None and target.converter != "tflite":
+        what = "Keras" if kind == "keras" else "SavedModel"
+        raise ModelLoadError(
+            f"{source}: {what} input is supported for --target android only (TensorFlow's TFLiteConverter); "
+            f"export it to ONNX (e.g. with tf2onnx) for --target {target.name}"
+        )
 
 
 # ---------------------------------------------------------------- torch
@@ -354,3 +408,162 @@ def _load_onnx(path: Path, shapes) -> Model:
         ) from None
     model.outputs = [TensorSpec(o.name, tuple(a.shape), str(a.dtype)) for o, a in zip(outputs, outs, strict=True)]
     return model
+
+
+# ---------------------------------------------------------------- Keras / TensorFlow SavedModel
+
+TF_EXTRA = "keras"
+
+
+def _tf() -> Any:
+    """TensorFlow, imported on first use (``edgekit[keras]``); its C++ INFO/WARNING logs kept quiet."""
+    import os
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return require("tensorflow", TF_EXTRA)
+
+
+def _load_keras(path: Path, shapes) -> Model:
+    if path.suffix.lower() == ".keras" and not zipfile.is_zipfile(path):  # checked before importing TensorFlow
+        raise ModelLoadError(
+            f"{path}: not a Keras archive (a .keras file is a zip; this one is truncated or another format); "
+            "re-save it with model.save('model.keras')"
+        )
+    _tf()
+    keras = require("keras", TF_EXTRA)
+    digest = sha256_file(path)
+    try:
+        km = keras.models.load_model(str(path), compile=False)
+    except Exception as exc:  # keras / h5py raise many types for damaged or foreign files
+        raise ModelLoadError(
+            f"{path}: Keras cannot load the model ({type(exc).__name__}: {_first_line(exc)}); "
+            "is the file complete? re-save it with model.save('model.keras')"
+        ) from None
+    try:
+        graph_inputs = list(km.inputs or [])
+    except (AttributeError, ValueError):
+        graph_inputs = []
+    if not graph_inputs and not shapes:
+        raise InputSpecError(
+            f"{path}: the Keras model has no defined input (a Sequential without keras.Input); "
+            "give --input-shape (NHWC, e.g. 1,224,224,3)"
+        )
+    if graph_inputs:
+        found = [(_clean_name(getattr(t, "name", None), i), tuple(t.shape), str(getattr(t, "dtype", "float32")))
+                 for i, t in enumerate(graph_inputs)]
+    else:
+        found = [(name or f"input_{i}", tuple(None for _ in shape), "float32") for i, (name, shape) in enumerate(shapes)]
+    inputs = _tf_inputs(str(path), found, shapes)
+    channels_first = any(getattr(layer, "data_format", None) == "channels_first" for layer in _keras_layers(km))
+    inputs = [TensorSpec(s.name, s.shape, s.dtype, None if channels_first or len(s.shape) != 4 else "nhwc")
+              for s in inputs]
+
+    def call(*xs):
+        return km(list(xs) if len(xs) > 1 else xs[0], training=False)
+
+    model = Model(str(path), "keras", digest, inputs, tf_model=km)
+    return _finish_tf(model, call, None)
+
+
+def _keras_layers(km: Any) -> list[Any]:
+    try:
+        return list(km._flatten_layers(include_self=False))
+    except Exception:  # noqa: BLE001 - older / other Model classes
+        return list(getattr(km, "layers", []))
+
+
+def _load_saved_model(path: Path, shapes) -> Model:
+    from edgekit.fsutil import sha256_tree
+
+    tf = _tf()
+    digest = sha256_tree(path)
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{path}: TensorFlow cannot load the SavedModel ({type(exc).__name__}: {_first_line(exc)}); "
+            "is the folder complete? re-export it (model.export(folder) or tf.saved_model.save)"
+        ) from None
+    sigs = dict(getattr(loaded, "signatures", {}) or {})
+    if "serving_default" not in sigs:
+        raise ModelLoadError(
+            f"{path}: the SavedModel has no 'serving_default' signature (it has {sorted(sigs) or 'none'}); "
+            "export it with model.export(folder) or tf.saved_model.save(obj, folder, signatures=...)"
+        )
+    sig = sigs["serving_default"]
+    _, kw = sig.structured_input_signature
+    names = sorted(kw)
+    found = [(n, tuple(kw[n].shape.as_list() if kw[n].shape.rank is not None else ()), kw[n].dtype.name)
+             for n in names]
+    inputs = _tf_inputs(str(path), found, shapes)
+    inputs = [TensorSpec(s.name, s.shape, s.dtype, "nhwc" if len(s.shape) == 4 else None) for s in inputs]
+    out_names = sorted(sig.structured_outputs)
+
+    def call(*xs):
+        out = sig(**{n: x for n, x in zip(names, xs, strict=True)})
+        return [out[k] for k in out_names]
+
+    model = Model(str(path), "saved_model", digest, inputs, tf_model=loaded)
+    return _finish_tf(model, call, out_names)
+
+
+def _tf_inputs(source: str, found: list[tuple[str, tuple, str]], shapes) -> list[TensorSpec]:
+    """Static input specs from the model's own (batch possibly None) shapes and --input-shape."""
+    if shapes and len(shapes) != len(found):
+        raise InputSpecError(f"{source}: the model has {len(found)} input(s), --input-shape gave {len(shapes)}")
+    out = []
+    for i, (name, dims, dtype) in enumerate(found):
+        if shapes:
+            shape = shapes[i][1]
+            if dims and (len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(dims, shape, strict=True))):
+                raise InputSpecError(
+                    f"{source}: input {name!r} has shape {[d if d is not None else '?' for d in dims]}, "
+                    f"--input-shape {list(shape)} does not fit it"
+                )
+        elif dims and all(d is not None for d in dims[1:]):
+            shape = (1 if dims[0] is None else dims[0], *dims[1:])  # dynamic batch: edge deployment runs batch 1
+        else:
+            raise InputSpecError(
+                f"{source}: input {name!r} has dynamic dimensions {[d if d is not None else '?' for d in dims]}; "
+                "give --input-shape (NHWC, e.g. 1,224,224,3)"
+            )
+        out.append(TensorSpec(name, tuple(int(d) for d in shape), dtype))
+    return out
+
+
+def _finish_tf(model: Model, call: Callable[..., Any], out_names: list[str] | None) -> Model:
+    """Trace the model at the fixed input shapes into one ConcreteFunction (the float reference and
+    what TFLiteConverter converts), run it once on zeros, and fix the output spec."""
+    tf = _tf()
+    sig = [tf.TensorSpec(s.shape, s.dtype, name=_tf_arg_name(s.name, i)) for i, s in enumerate(model.inputs)]
+
+    def flat(*xs):
+        return tuple(tf.nest.flatten(call(*xs)))
+
+    try:
+        model.tf_function = tf.function(flat, input_signature=sig, autograph=False).get_concrete_function()
+        outs = model.reference()(model.example_feeds())
+    except Exception as exc:
+        shapes = ", ".join(f"{s.name}{list(s.shape)}" for s in model.inputs)
+        raise InputSpecError(
+            f"{model.source}: the model does not run on inputs {shapes} "
+            f"({type(exc).__name__}: {_first_line(exc)}); check --input-shape (NHWC for Keras)"
+        ) from None
+    names = out_names if out_names and len(out_names) == len(outs) else (
+        ["output"] if len(outs) == 1 else [f"output_{i}" for i in range(len(outs))])
+    model.outputs = [TensorSpec(n, tuple(o.shape), str(o.dtype)) for n, o in zip(names, outs, strict=True)]
+    return model
+
+
+def _clean_name(name: str | None, i: int) -> str:
+    return name if name else f"input_{i}"
+
+
+def _tf_arg_name(name: str, i: int) -> str:
+    clean = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+    return clean if clean and clean[0].isalnum() else f"input_{i}"
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:240] if text else ""

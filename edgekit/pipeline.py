@@ -24,11 +24,11 @@ from typing import Any
 import numpy as np
 
 from edgekit import __version__
-from edgekit.analyze import ModelStats, analyze_onnx
+from edgekit.analyze import ModelStats, analyze_model
 from edgekit.data import Dataset, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError, VerificationError
 from edgekit.fsutil import atomic_dir, sha256_file
-from edgekit.ingest import Model, load_model
+from edgekit.ingest import Model, check_target_takes, load_model
 from edgekit.planner import plan_section
 from edgekit.profiles import Board, Target, data_dir, default_board, load_board, load_target
 from edgekit.verify import Verification, verify
@@ -87,16 +87,6 @@ def _check_calibration(precision: str, calib_ds: Dataset | None, warn: Callable[
         warn("--calib random: INT8 ranges come from random inputs; accuracy on real data is unknown")
 
 
-def _float_onnx_for_analysis(model: Model, work: Path, opset: int) -> Path:
-    from edgekit.onnx_graph import export_onnx
-
-    if not model.is_torch:
-        return Path(model.onnx_path)
-    path = work / "analysis.onnx"
-    export_onnx(model, path, opset)
-    return path
-
-
 def convert(
     model: str | Path | Model,
     target: str = "jetson",
@@ -122,7 +112,7 @@ def convert(
     that Model's ``analyze_model(model, work, target)`` result (stats, float graph), which is
     then not analyzed or exported again: the planner passes both for its builds.
     """
-    from edgekit.converters import ConvertJob, get_converter
+    from edgekit.converters import ConvertJob, flag_option, get_converter
 
     tgt = load_target(target)
     brd = load_board(board, board_set) if board else default_board(target)
@@ -144,6 +134,7 @@ def convert(
     with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
         work = Path(tmp)
         with clock.stage("ingest"):
+            check_target_takes(model, tgt)  # Keras / SavedModel: android only, refused before loading TensorFlow
             m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
             calib_ds: Dataset | None = None
             if calib == "random":
@@ -154,11 +145,8 @@ def convert(
                 _check_calibration(precision, calib_ds, _warn)
             eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval") if eval_data else None
         with clock.stage("analyze"):
-            if analysis is not None:
-                stats, src_onnx = analysis
-            else:
-                src_onnx = _float_onnx_for_analysis(m, work, opset or tgt.opset or 18)
-                stats = analyze_onnx(src_onnx, tgt.supported_ops, tgt.name)
+            # torch -> ONNX export, ONNX as given, Keras / SavedModel -> fp32 .tflite (TFLiteConverter)
+            stats, float_graph = analysis if analysis is not None else analyze_model(m, work, tgt, opset)
             if precision == "auto":  # the budget-driven planner picks from the stats just computed
                 from edgekit.planner import choose
 
@@ -167,7 +155,7 @@ def convert(
                 log(f"plan: {plan.reason}")
                 check_precision(precision, tgt, brd)
                 _check_calibration(precision, calib_ds, _warn)
-            if stats.unsupported and (options or {}).get("allow_float_fallback") is True:
+            if stats.unsupported and flag_option(options, "allow_float_fallback"):
                 _warn(f"{len(stats.unsupported)} op(s) outside target {tgt.name}'s list kept (allow_float_fallback): "
                       + ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10]))
             elif stats.unsupported:
@@ -183,7 +171,8 @@ def convert(
                 calib=calib_ds,
                 out_dir=out_tmp, work_dir=work,
                 options={"opset": opset, **(options or {})}, log=log, warn=_warn,
-                float_onnx=src_onnx if m.is_torch else None,
+                float_onnx=float_graph if m.is_torch else None,
+                float_tflite=float_graph if m.is_tf else None,
             )
             conv = get_converter(tgt.converter)
             with clock.stage("convert"):
