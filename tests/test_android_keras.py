@@ -1,0 +1,254 @@
+"""Keras / SavedModel input on the android target: a small Keras CNN trained here on
+scikit-learn's digits (real data, offline), saved as .keras and as a SavedModel, converted by
+TensorFlow's real TFLiteConverter, verified in the real LiteRT interpreter, bundle run.py on
+the host. Skipped where TensorFlow (``edgekit[keras]``) is not installed."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+pytest.importorskip("ai_edge_litert")
+tf = pytest.importorskip("tensorflow")
+keras = pytest.importorskip("keras")
+
+from edgekit.errors import EdgekitError, InputSpecError, MissingToolchainError, ModelLoadError  # noqa: E402
+from edgekit.pipeline import convert  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def kd(tmp_path_factory):
+    """A Keras CNN (conv-BN-ReLU, strided conv, dense) trained 12 epochs on digits (~5 s), NHWC data."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)[..., None]  # [N, 8, 8, 1]: Keras is NHWC
+    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target, test_size=0.25, random_state=0, stratify=d.target)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([
+        keras.Input((8, 8, 1), name="image"),
+        keras.layers.Conv2D(16, 3, padding="same"), keras.layers.BatchNormalization(), keras.layers.ReLU(),
+        keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
+        keras.layers.Flatten(), keras.layers.Dense(10),
+    ])
+    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x_tr, y_tr, epochs=12, batch_size=64, verbose=0)
+    acc = float(np.mean(np.argmax(model.predict(x_te, verbose=0), 1) == y_te))
+    assert acc > 0.95, acc
+    root = tmp_path_factory.mktemp("keras")
+    paths = {"keras": root / "digits.keras", "saved_model": root / "digits_sm", "calib": root / "calib.npz",
+             "eval": root / "eval.npz", "calib_nchw": root / "calib_nchw.npz"}
+    model.save(paths["keras"])
+    model.export(str(paths["saved_model"]), verbose=False)
+    np.savez(paths["calib"], image=x_tr[:200])
+    np.savez(paths["eval"], image=x_te, label=y_te)
+    np.savez(paths["calib_nchw"], image=x_tr[:200].transpose(0, 3, 1, 2))  # as examples/digits/calib.npz
+    return {**paths, "accuracy": acc}
+
+
+@pytest.fixture(scope="module")
+def keras_int8(kd, tmp_path_factory):
+    return convert(str(kd["keras"]), "android", tmp_path_factory.mktemp("k8") / "o", precision="int8",
+                   calib=str(kd["calib"]), eval_data=str(kd["eval"]))
+
+
+@pytest.fixture(scope="module")
+def sm_int8_float_io(kd, tmp_path_factory):
+    return convert(str(kd["saved_model"]), "android", tmp_path_factory.mktemp("s8") / "o", precision="int8",
+                   calib=str(kd["calib"]), eval_data=str(kd["eval"]), options={"io": "float"})
+
+
+def test_ingest_keras_and_saved_model(kd):
+    from edgekit.ingest import load_model
+
+    for key, kind in (("keras", "keras"), ("saved_model", "saved_model")):
+        m = load_model(kd[key])
+        assert m.kind == kind and m.is_tf and not m.is_torch
+        assert [(s.shape, s.dtype, s.layout) for s in m.inputs] == [((1, 8, 8, 1), "float32", "nhwc")]
+        assert m.outputs[0].shape == (1, 10)
+        x = np.load(kd["eval"])["image"][:1]
+        ref = m.reference()({m.inputs[0].name: x})[0]
+        km = keras.models.load_model(kd["keras"], compile=False)
+        np.testing.assert_allclose(ref, km(x, training=False).numpy(), atol=1e-5)
+
+
+def test_int8_full_integer_int8_io_no_transpose(keras_int8):
+    art = keras_int8.manifest["artifact"]
+    assert art["converter"] == "TensorFlow TFLiteConverter" and art["full_integer"] is True
+    assert art["float_ops"] == [] and "QUANTIZE" not in art["op_counts"] and "DEQUANTIZE" not in art["op_counts"]
+    assert art["op_counts"] == {"CONV_2D": 2, "RESHAPE": 1, "FULLY_CONNECTED": 1}
+    assert art["transpose"] == {"total": 0, "at_edges": 0, "interior": 0}  # NHWC model: nothing to transpose
+    for t in art["io"]["inputs"] + art["io"]["outputs"]:
+        assert t["dtype"] == "int8" and t["scale"] > 0 and -128 <= t["zero_point"] <= 127
+    assert art["io"]["inputs"][0]["shape"] == [1, 8, 8, 1]
+    assert art["layout"] == "source" and art["source_layout"] == "nhwc"
+    assert art["quantization"]["calibration_batches"] == 200 and "tensorflow-cpu" in art["toolchain"]
+    assert keras_int8.manifest["source_model"]["kind"] == "keras"
+    assert keras_int8.manifest["inputs"][0]["layout"] == "nhwc"
+
+
+def test_int8_accuracy_within_one_point(keras_int8):
+    v = keras_int8.verification
+    assert v.passed, v.failures
+    assert v.eval_samples == 450 and v.float_accuracy > 0.95
+    assert 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0
+    assert v.outputs[0].top1_agreement >= 0.9
+
+
+def test_saved_model_int8_with_float_io(sm_int8_float_io):
+    art = sm_int8_float_io.manifest["artifact"]
+    assert [t["dtype"] for t in art["io"]["inputs"] + art["io"]["outputs"]] == ["float32", "float32"]
+    assert art["full_integer"] and art["float_ops"] == [] and art["transpose"]["total"] == 0
+    assert art["op_counts"]["QUANTIZE"] == 1 and art["op_counts"]["DEQUANTIZE"] == 1
+    assert art["int8_io"]["inputs"][0]["dtype"] == "int8" and art["int8_io"]["inputs"][0]["scale"] > 0
+    v = sm_int8_float_io.verification
+    assert v.passed and 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0
+    assert sm_int8_float_io.manifest["source_model"]["kind"] == "saved_model"
+
+
+@pytest.mark.parametrize("key", ["keras", "saved_model"])
+def test_fp32_matches_tensorflow(kd, tmp_path, key):
+    res = convert(str(kd[key]), "android", tmp_path / "fp32", precision="fp32", eval_data=str(kd["eval"]))
+    v = res.verification
+    assert v.passed and v.outputs[0].max_rel_error < 1e-4 and v.converted_accuracy == v.float_accuracy
+    art = res.manifest["artifact"]
+    assert art["io"]["inputs"][0]["dtype"] == "float32" and art["transpose"]["total"] == 0
+    assert res.manifest["files"]["model.tflite"]["bytes"] > 3 * 10_000  # ~10k fp32 parameters
+    # the analyze stage: the float .tflite's ops (BatchNorm folded into the first conv)
+    a = res.manifest["analysis"]
+    assert a["params"] == 9930 and a["weight_params"] == 144 + 4608 + 5120
+    assert a["macs"] == 8 * 8 * 16 * 9 + 4 * 4 * 32 * 16 * 9 + 10 * 512
+    assert a["ops"] == {"CONV_2D": 2, "FULLY_CONNECTED": 1, "RESHAPE": 1}
+
+
+def test_bundle_runner_on_host(keras_int8):
+    out = keras_int8.out_dir
+    assert {"model.tflite", "run.py", "golden.npz"} <= set(keras_int8.manifest["files"])
+    g = np.load(out / "golden.npz")
+    assert g["input_0"].shape[1:] == (8, 8, 1)  # golden inputs in the model's own NHWC layout
+    r = subprocess.run([sys.executable, str(out / "run.py"), "--iters", "20", "--threads", "1"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    res = json.loads((out / "smoke_result.json").read_text())
+    checks = {c["name"]: c for c in res["checks"]}
+    assert res["passed"] and checks["golden"]["passed"] and checks["integrity"]["passed"]
+
+
+def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
+    """The real CLI entry point, in this process (TensorFlow is imported once for the module)."""
+    from edgekit.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["edgekit", *args])
+    with pytest.raises(SystemExit) as exc:
+        main()
+    out = capsys.readouterr()
+    return int(exc.value.code or 0), out.out, out.err
+
+
+def test_inspect_keras_op_report(kd, monkeypatch, capsys):
+    code, out, err = _cli(monkeypatch, capsys, "inspect", str(kd["keras"]), "--target", "android", "--json")
+    assert code == 0, err
+    data = json.loads(out)
+    assert data["model"]["kind"] == "keras" and data["unsupported"] == [] and data["target"] == "android"
+    assert [lay["op"] for lay in data["layers"]] == ["CONV_2D", "CONV_2D", "RESHAPE", "FULLY_CONNECTED"]
+    assert data["peak_activation_bytes"] > 0 and data["macs"] > 0
+
+
+def test_cli_errors_exit_2_one_line(kd, tmp_path, monkeypatch, capsys):
+    cut = tmp_path / "cut.keras"
+    cut.write_bytes(kd["keras"].read_bytes()[:4000])
+    cases = [
+        (["convert", str(cut), "-t", "android", "-p", "fp32"], "cut.keras: not a Keras archive"),
+        (["convert", str(kd["keras"]), "-t", "android", "-p", "int8", "--calib", str(kd["calib_nchw"])],
+         "expects [N, 8, 8, 1]"),
+        (["convert", str(kd["keras"]), "-t", "jetson"], "supported for --target android"),
+        (["convert", str(kd["saved_model"]), "-t", "ios"], "SavedModel input is supported for --target android"),
+    ]
+    for args, needle in cases:
+        code, _, err = _cli(monkeypatch, capsys, *args, "-o", str(tmp_path / "o"))
+        assert code == 2, (args, err)
+        assert needle in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) == 1, err
+        assert not (tmp_path / "o").exists()
+    assert "looks NCHW" in _cli(monkeypatch, capsys, *cases[1][0], "-o", str(tmp_path / "o"))[2]
+
+
+def test_truncated_keras_via_subprocess(kd, tmp_path):
+    """The installed entry point (refused before TensorFlow is imported, so this is quick)."""
+    cut = tmp_path / "cut.keras"
+    cut.write_bytes(kd["keras"].read_bytes()[:-100])
+    r = subprocess.run([sys.executable, "-m", "edgekit", "convert", str(cut), "-t", "android", "-o",
+                        str(tmp_path / "o")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "re-save it" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_damaged_saved_model_and_h5(kd, tmp_path):
+    from edgekit.ingest import load_model
+
+    sm = tmp_path / "sm"
+    sm.mkdir()
+    (sm / "saved_model.pb").write_bytes(b"\x08\x01garbage")
+    with pytest.raises(ModelLoadError, match="cannot load the SavedModel"):
+        load_model(sm)
+    h5 = tmp_path / "m.h5"
+    h5.write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 64)
+    with pytest.raises(ModelLoadError, match="Keras cannot load"):
+        load_model(h5)
+
+
+def test_missing_tensorflow_names_the_extra(kd, monkeypatch):
+    from edgekit.ingest import load_model
+
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # as if TensorFlow were not installed
+    with pytest.raises(MissingToolchainError, match=r"pip install 'edgekit\[keras\]'"):
+        load_model(kd["keras"])
+
+
+def test_layout_option_refused_for_keras(kd, tmp_path):
+    with pytest.raises(EdgekitError, match="keeps the model's own layout"):
+        convert(str(kd["keras"]), "android", tmp_path / "o", precision="fp32", options={"layout": "nhwc"})
+    assert not (tmp_path / "o").exists()
+
+
+def test_calib_wrong_shape_api(kd, tmp_path):
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, image=np.zeros((10, 4, 4, 1), np.float32))
+    with pytest.raises(InputSpecError, match=r"expects \[N, 8, 8, 1\]"):
+        convert(str(kd["keras"]), "android", tmp_path / "o", precision="int8", calib=str(bad))
+
+
+# ---------------------------------------------------------------- small pieces (no conversion)
+
+
+def test_flag_option_one_parser():
+    from edgekit.converters import flag_option
+
+    for v in (True, "true", "1", 1, "yes", "on", "TRUE"):
+        assert flag_option({"f": v}, "f") is True, v
+    for v in (False, "false", "0", 0, "no", "off", None):
+        assert flag_option({"f": v}, "f") is False, v
+    assert flag_option(None, "f") is False and flag_option({}, "f") is False
+    with pytest.raises(EdgekitError, match="expected true or false"):
+        flag_option({"f": "maybe"}, "f")
+
+
+def test_quiet_restores_root_logger():
+    from edgekit.converters.tflite import _quiet
+
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(logging.INFO)
+    try:
+        with _quiet():
+            assert root.level == logging.ERROR
+        assert root.level == logging.INFO
+    finally:
+        root.setLevel(before)
