@@ -574,8 +574,31 @@ def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_d
                                                   captured.getvalue())) from None
     Path(dest).write_bytes(data)
     _order_io(Path(dest), [_sig_name(s.name, i) for i, s in enumerate(model.inputs)], len(model.outputs))
+    if precision == "int8-dynamic":
+        kept = _float_weights(Path(dest))
+        info["float_weights"] = kept  # weight tensors TensorFlow left float (too small to quantize)
+        if kept:
+            log(f"int8-dynamic: {len(kept)} weight tensor(s) under 1024 elements stay float32")
     info["extra"] = TF_EXTRA
     return info
+
+
+def _float_weights(path: Path) -> list[str]:
+    """Names of the float32 weight tensors (input 1 of conv / fully-connected ops) in a .tflite."""
+    s = require("ai_edge_litert.schema_py_generated", EXTRA)
+    model = s.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
+    op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
+    sg = model.subgraphs[0]
+    out = []
+    for op in sg.operators:
+        oc = model.operatorCodes[op.opcodeIndex]
+        name = op_names.get(max(oc.builtinCode, oc.deprecatedBuiltinCode), "")
+        if name in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV") and op.inputs is not None \
+                and len(op.inputs) > 1 and op.inputs[1] >= 0:
+            t = sg.tensors[op.inputs[1]]
+            if t.type == s.TensorType.FLOAT32 and _is_const(model, sg, op.inputs[1]):
+                out.append(t.name.decode(errors="replace") if isinstance(t.name, bytes) else str(t.name))
+    return out
 
 
 def _sig_name(name: str, i: int) -> str:

@@ -160,10 +160,10 @@ def convert(
                       + ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10]))
             elif stats.unsupported:
                 listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
-                raise UnsupportedOpError(
-                    f"target {tgt.name} cannot run {len(stats.unsupported)} op(s): {listed}; "
-                    "replace them in the model or choose another target"
-                )
+                fix = "replace them in the model or choose another target"
+                if tgt.converter == "tflite":  # android: such ops can stay float (audited after converting)
+                    fix += ", or pass --option allow_float_fallback=true to keep them float"
+                raise UnsupportedOpError(f"target {tgt.name} cannot run {len(stats.unsupported)} op(s): {listed}; {fix}")
         golden_ds = eval_ds or calib_ds or random_dataset(m, n=golden_count)
         with atomic_dir(Path(out)) as out_tmp:
             job = ConvertJob(

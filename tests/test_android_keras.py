@@ -252,3 +252,21 @@ def test_quiet_restores_root_logger():
         assert root.level == logging.INFO
     finally:
         root.setLevel(before)
+
+
+def test_op_without_int8_kernel_refused_then_allowed(tmp_path, monkeypatch, capsys):
+    """SIN has no int8 TFLite kernel: inspect lists it, int8 refuses it, allow_float_fallback=yes keeps it float."""
+    keras.utils.set_random_seed(0)
+    inp = keras.Input((6,), name="x")
+    h = keras.layers.Lambda(lambda t: keras.ops.sin(t))(keras.layers.Dense(8)(inp))
+    sm = tmp_path / "sin_sm"
+    keras.Model(inp, keras.layers.Dense(1)(h)).export(str(sm), verbose=False)
+    code, out, _ = _cli(monkeypatch, capsys, "inspect", str(sm), "--target", "android")
+    assert code == 1 and "SIN" in out
+    with pytest.raises(EdgekitError, match="SIN .*allow_float_fallback=true"):
+        convert(str(sm), "android", tmp_path / "o", precision="int8", calib="random")
+    res = convert(str(sm), "android", tmp_path / "o", precision="int8", calib="random",
+                  options={"allow_float_fallback": "yes"})  # the one flag parser: "yes" is true everywhere
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is False and "SIN" in {o["op"] for o in art["float_ops"]}
+    assert res.verification.passed and any("stay float" in w for w in res.warnings)
