@@ -13,10 +13,9 @@ Nothing is written to the user's calibration store.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
-
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # plan_nets: the MobileNetV2-shaped network
@@ -35,37 +34,48 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--iterations", type=int, default=50)
     ap.add_argument("--save", type=Path, help="write the measurements (JSON) here")
+    ap.add_argument("--load", type=Path, help="fit and report measurements saved by --save (no building or timing)")
     args = ap.parse_args()
     sys.path.insert(0, str(Path(__file__).parent))
-    from edgekit.calibrate import default_models, fit, measure, median_abs_error, predict
+    from edgekit.calibrate import constants, default_models, fit, measure, median_abs_error, predict
+    from edgekit.hostcpu import detect
     from edgekit.profiles import load_board
 
     board = load_board("host")
-    fitted_on = default_models()
-    held_out = [("plan_nets:mobilenetv2", ["1,3,96,96"], "random"),
-                ("plan_calibration:mobilenetv2_w05", ["1,3,128,128"], "random")]
-    train = measure(board.id, fitted_on, iterations=args.iterations)
-    test = measure(board.id, held_out, iterations=args.iterations)
-    if args.save:
-        import json
-
-        args.save.write_text(json.dumps({"train": train, "test": test}))
-    f = fit(train)
-    eff0, l0 = dict(board.efficiency), board.launch_overhead_us
-    print(f"fit (on {len(train)} measurements): efficiency {f['efficiency']}, bandwidth x{f['bandwidth_factor']:.3g}, "
-          f"launch {f['launch_overhead_us']:.1f} us")
-    print(f"{'model':<36} {'prec':<5} {'measured':>9} {'before':>9} {'after':>9}  (ms)")
+    if args.load:
+        data = json.loads(args.load.read_text())
+        train, test = data["train"], data["test"]
+    else:
+        held_out = [("plan_nets:mobilenetv2", ["1,3,96,96"], "random"),
+                    ("plan_calibration:mobilenetv2_w05", ["1,3,128,128"], "random")]
+        log = lambda m: print("  " + m, file=sys.stderr, flush=True)  # noqa: E731
+        train = measure(board.id, default_models(), iterations=args.iterations, log=log)
+        test = measure(board.id, held_out, iterations=args.iterations, log=log)
+        if args.save:
+            args.save.write_text(json.dumps({"train": train, "test": test}))
+    start = constants(board)
+    f = fit(train, start)
+    print(f"host: {detect().describe()}")
+    print(f"fit on {len(train)} measurements of the micro-benchmarks + digits (held-out models never seen):")
+    for k in ("efficiency", "class_efficiency", "activation_passes"):
+        print(f"  {k:<18} profile {_fmt(start[k])}  ->  fitted {_fmt(f[k])}")
+    print(f"  launch overhead    profile {start['launch_overhead_us']:.2f} us  ->  fitted {f['launch_overhead_us']:.2f} us;"
+          f" bandwidth x{f['bandwidth_factor']:.3g}")
+    print(f"{'model':<44} {'prec':<5} {'measured':>9} {'before':>9} {'after':>9}  (ms)")
     for name, group in (("fitted", train), ("held out", test)):
         for s in group:
-            before = predict(s, eff0.get(s["precision"], 0.25), l0)
-            after = predict(s, f["efficiency"][s["precision"]], f["launch_overhead_us"], f["bandwidth_factor"])
-            print(f"{Path(s['model']).name[:28] + ' (' + name + ')':<36} {s['precision']:<5} "
+            before, after = predict(s, start), predict(s, f)
+            label = Path(s["model"].split(" @")[0]).name[:28] + (" @" + s["model"].split(" @")[1] if " @" in s["model"] else "")
+            print(f"{label[:34] + ' (' + name + ')':<44} {s['precision']:<5} "
                   f"{s['measured_latency_ms']:9.4f} {before:9.4f} {after:9.4f}")
     for name, group in (("fitted models", train), ("held-out models", test), ("all", train + test)):
-        b = median_abs_error(group, eff0, l0)
-        a = median_abs_error(group, f["efficiency"], f["launch_overhead_us"], f["bandwidth_factor"])
+        b = median_abs_error(group, start)
+        a = median_abs_error(group, f)
         print(f"median |estimate - measured| / measured, {name}: before {b:.1%}, after {a:.1%}")
-    print(f"({np.__name__} {np.__version__}; host profile peak fp32 {board.power_modes[board.default_power_mode].peak_tops['fp32']} TOPS)")
+
+
+def _fmt(d: dict) -> str:
+    return "{" + ", ".join(f"{k} {v:.3g}" for k, v in sorted(d.items())) + "}"
 
 
 if __name__ == "__main__":

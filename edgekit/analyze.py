@@ -32,6 +32,7 @@ class LayerStats:
     macs: int
     output_shape: list[int]
     activation_bytes: int
+    groups: int = 1  # Conv groups (> 1: grouped / depthwise; the cost model's "dwconv" class)
 
 
 @dataclass
@@ -170,6 +171,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
                 macs=macs,
                 output_shape=list(out_dims),
                 activation_bytes=sum(nbytes(o) for o in n.output),
+                groups=next((a.i for a in n.attribute if a.name == "group"), 1) if n.op_type == "Conv" else 1,
             )
         )
 

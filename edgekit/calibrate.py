@@ -1,18 +1,24 @@
-"""Recalibration: fit a board's efficiency factors and launch overhead to measured latency.
+"""Recalibration: fit a board's cost-model constants to measured latency.
 
-``calibrate_host`` builds a few models (the digits example and torch micro-benchmarks:
-a conv stack and a GEMM stack) at each precision with the real pipeline, times them with
-onnxruntime on this CPU (the ``host/host`` board's runtime), and stores each measurement
-beside the cost model's per-layer terms. Smoke results from real boards
-(:func:`edgekit.results.measurements`) join the fit when the same model and precision
-already have stored per-layer terms.
+``calibrate`` (host board) builds the digits example and torch micro-benchmarks, one per
+op class the cost model tells apart (dense conv stack, batch-1 GEMM stack, depthwise-separable
+blocks at two sizes, pointwise conv stack, inverted-residual blocks), at each precision with
+the real pipeline, times each with onnxruntime on this CPU (the ``host/host`` board's runtime,
+with the session settings of the bundle's runner), and stores each measurement beside the cost
+model's per-layer terms (:func:`edgekit.costmodel.layer_terms`). Smoke results from real boards
+(:func:`edgekit.results.measurements`) join the fit when the same model and precision already
+have stored per-layer terms, else as one whole-model term.
 
-The fit: latency = sum over layers max(compute_at_efficiency_1 / efficiency[precision],
-memory / bandwidth_factor) + layers x launch_overhead; grid search over launch overhead and
-bandwidth factor (caches make small models beat DRAM bandwidth), and for each precision
-over efficiency, minimising the mean absolute log error. The result is written
-to ``<data dir>/calibration/<vendor>__<board>.json`` (data dir: ``$EDGEKIT_DATA_DIR``, else
-platformdirs' user data dir) and applied by :func:`edgekit.costmodel.calibrated`.
+The fit: latency = sum over layers of
+``max(compute_eff1 / (efficiency[precision] x class_efficiency[class]), memory / bandwidth_factor)
++ launches x launch_overhead x (1 + passes[precision]) + passes[precision] x pass / bandwidth_factor``
+(the cost model's own formula, see :mod:`edgekit.costmodel`), minimising the mean
+|log(estimate / measured)| over the samples with scipy's Powell search in log space; a weak pull
+towards the profile's values keeps a constant the samples cannot pin down (a precision or an op
+class that was not measured) where the profile put it. Timing takes the lowest of several
+rounds' medians: on a shared machine other processes only ever add time. The result is
+written to ``<data dir>/calibration/<vendor>__<board>.json`` (data dir: ``$EDGEKIT_DATA_DIR``,
+else platformdirs' user data dir) and applied by :func:`edgekit.costmodel.calibrated`.
 """
 
 from __future__ import annotations
@@ -32,7 +38,10 @@ from edgekit.fsutil import atomic_write_bytes, data_root  # shared with edgekit.
 # A fitted efficiency above 1 means the profile's peak is too low for this machine (e.g. a
 # newer CPU than the profile describes); the fit allows that rather than hide it.
 MAX_EFFICIENCY = 8.0
-MICRO_SHAPES = {"conv_bench": "1,16,32,32", "gemm_bench": "1,512", "dw_bench": "1,32,32,32"}
+PRIOR_WEIGHT = 0.002  # pull of the profile's values, per squared log-unit, against mean |log error|
+# (factory, input shape): one micro-benchmark per op class the cost model tells apart
+MICRO_BENCHMARKS = [("conv_bench", "1,16,32,32"), ("gemm_bench", "1,512"), ("dw_bench", "1,32,32,32"),
+                    ("dw_bench", "1,32,64,64"), ("pw_bench", "1,32,32,32"), ("ir_bench", "1,3,48,48")]
 
 
 def store_path(board_id: str) -> Path:
@@ -90,13 +99,43 @@ def dw_bench():
     return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
 
 
+def pw_bench():
+    """Pointwise (1x1) convolutions: dense compute on large activations."""
+    torch = __import__("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(32, 128, 1), nn.ReLU(), nn.Conv2d(128, 128, 1), nn.ReLU(), nn.Conv2d(128, 32, 1),
+                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
+
+
+def ir_bench():
+    """Two inverted-residual blocks (1x1 expand x6, 3x3 depthwise, 1x1 project, residual add):
+    the mix of pointwise, depthwise and elementwise work of mobile CNNs, at one small size."""
+    torch = __import__("torch")
+    nn = torch.nn
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self, c: int = 24, t: int = 6) -> None:
+            super().__init__()
+            h = c * t
+            self.f = nn.Sequential(nn.Conv2d(c, h, 1), nn.ReLU6(), nn.Conv2d(h, h, 3, 1, 1, groups=h), nn.ReLU6(),
+                                   nn.Conv2d(h, c, 1))
+
+        def forward(self, x):
+            return x + self.f(x)
+
+    return nn.Sequential(nn.Conv2d(3, 24, 3, 1, 1), nn.ReLU6(), Block(), Block(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(24, 10))
+
+
 def default_models() -> list[tuple[str, list[str] | None, str | None]]:
     """(model, input_shape, calib) triples: the digits example and the micro-benchmarks."""
     out: list[tuple[str, list[str] | None, str | None]] = []
     digits = Path(__file__).resolve().parents[1] / "examples" / "digits"  # a source checkout
     if (digits / "digits_cnn.pt2").exists():
         out.append((str(digits / "digits_cnn.pt2"), None, str(digits / "calib.npz")))
-    for name, shape in MICRO_SHAPES.items():
+    for name, shape in MICRO_BENCHMARKS:
         out.append((f"edgekit.calibrate:{name}", [shape], "random"))
     return out
 
@@ -104,34 +143,40 @@ def default_models() -> list[tuple[str, list[str] | None, str | None]]:
 # ---------------------------------------------------------------- measuring
 
 
-def time_onnx(path: Path, feeds: dict[str, np.ndarray], iterations: int, warmup: int = 5) -> float:
-    """Median latency (ms) of one onnxruntime CPU session run."""
+def time_onnx(path: Path, feeds: dict[str, np.ndarray], iterations: int, warmup: int = 5, rounds: int = 5) -> float:
+    """Latency (ms) of one run in the bundle runner's onnxruntime session: the lowest of ``rounds``
+    medians (``iterations`` runs in all). Other processes on a shared machine only ever add time."""
+    from edgekit.converters import load_firmware
     from edgekit.deps import require
 
-    ort = require("onnxruntime", "jetson")
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    require("onnxruntime", "jetson")
+    model = load_firmware("tensorrt").OnnxRuntimeModel(str(path))
     for _ in range(warmup):
-        sess.run(None, feeds)
-    times = []
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        sess.run(None, feeds)
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times) * 1e3)
+        model(feeds)
+    per_round = max(3, iterations // rounds)
+    medians = []
+    for _ in range(rounds):
+        times = []
+        for _ in range(per_round):
+            t0 = time.perf_counter()
+            model(feeds)
+            times.append(time.perf_counter() - t0)
+        medians.append(float(np.median(times)))
+    return min(medians) * 1e3
 
 
 def layer_terms(stats, board, precision: str) -> dict[str, Any]:
-    """Per-layer compute time at efficiency 1 and memory time (ms): what the fit scales."""
-    from edgekit.costmodel import FUSED_OPS, Candidate, efficiency, estimate
+    """The cost model's per-layer terms (what the fit scales) and its current estimate."""
+    from edgekit.costmodel import Candidate, estimate
+    from edgekit.costmodel import layer_terms as terms_of
 
-    est = estimate(stats, board, Candidate(precision, board.default_power_mode))
-    eff = efficiency(board, precision)
-    return {"compute_ms_eff1": [lc.compute_ms * eff for lc in est.layers],
-            "memory_ms": [lc.memory_ms for lc in est.layers], "layers": sum(1 for lc in est.layers if lc.op not in FUSED_OPS),
-            "ops": [lc.op for lc in est.layers],
-            "estimated_latency_ms": est.latency_ms}
+    cand = Candidate(precision, board.default_power_mode)
+    ts = terms_of(stats, board, cand)
+    return {"terms": {"class": [t.op_class for t in ts], "compute_ms_eff1": [t.compute_ms_eff1 for t in ts],
+                      "memory_ms": [t.memory_ms for t in ts], "pass_ms": [t.pass_ms for t in ts],
+                      "launches": [t.launches for t in ts]},
+            "layers": sum(t.launches for t in ts), "ops": [t.op for t in ts],
+            "estimated_latency_ms": estimate(stats, board, cand).latency_ms}
 
 
 def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | None, str | None]] | None = None,
@@ -145,8 +190,9 @@ def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | Non
     target = board.targets[0]
     precisions = precisions or [p for p in ("fp32", "fp16", "int8") if p in board.precisions]
     samples = []
+    models = models or default_models()
     with tempfile.TemporaryDirectory(prefix="edgekit-calib-") as tmp:
-        for i, (model, shape, calib) in enumerate(models or default_models()):
+        for i, (model, shape, calib) in enumerate(models):
             for prec in precisions:
                 out = Path(tmp) / f"m{i}-{prec}"
                 res = convert(model, target=target, out=out, board=board.id, precision=prec,
@@ -154,10 +200,14 @@ def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | Non
                 feeds = {k: np.asarray(v) for k, v in _first_feed(res.out_dir).items()}
                 ms = time_onnx(res.out_dir / res.manifest["artifact"]["primary"], feeds, iterations)
                 terms = layer_terms(res.stats, board, prec)
-                samples.append({"model": str(model), "model_sha256": res.manifest["source_model"]["sha256"],
+                name = str(model) + (f" @{shape[0]}" if shape else "")
+                samples.append({"model": name, "model_sha256": res.manifest["source_model"]["sha256"] + (
+                                    f"@{shape[0]}" if shape else ""),
                                 "precision": prec, "measured_latency_ms": ms, "source": "calibrate",
                                 "at_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **terms})
-                log(f"{Path(str(model)).name} {prec}: measured {ms:.4f} ms, estimated {terms['estimated_latency_ms']:.4f} ms")
+                log(f"[{len(samples)}/{len(models) * len(precisions)}] {Path(str(model)).name} "
+                    f"{shape[0] if shape else ''} {prec}: measured {ms:.4f} ms, "
+                    f"estimated {terms['estimated_latency_ms']:.4f} ms")
     return samples
 
 
@@ -170,44 +220,109 @@ def _first_feed(out_dir: Path) -> dict[str, np.ndarray]:
 # ---------------------------------------------------------------- fitting
 
 
-def predict(sample: dict[str, Any], eff: float, launch_us: float, bw_factor: float = 1.0) -> float:
-    c = np.asarray(sample["compute_ms_eff1"]) / eff
-    m = np.asarray(sample["memory_ms"]) / bw_factor
-    return float(np.maximum(c, m).sum() + sample["layers"] * launch_us / 1e3)
+def constants(board) -> dict[str, Any]:
+    """The cost-model constants a board's profile (or its applied calibration) carries."""
+    return {"efficiency": dict(board.efficiency), "class_efficiency": dict(board.class_efficiency),
+            "activation_passes": dict(board.activation_passes), "launch_overhead_us": board.launch_overhead_us,
+            "bandwidth_factor": 1.0}
 
 
-def fit(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Efficiency per precision and one launch overhead, minimising mean |log(estimate / measured)|."""
+def _usable(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [s for s in samples if "terms" in s and s.get("measured_latency_ms")]  # older stores lack terms
+
+
+def predict(sample: dict[str, Any], consts: dict[str, Any], default_eff: float = 0.25) -> float:
+    """The cost model's latency (ms) for one stored sample under ``consts`` (see :func:`constants`)."""
+    t = sample["terms"]
+    prec = sample["precision"]
+    ce = consts.get("class_efficiency", {})
+    eff = consts["efficiency"].get(prec, default_eff) * np.array([ce.get(c, 1.0) for c in t["class"]])
+    bwf = consts.get("bandwidth_factor", 1.0)
+    passes = consts.get("activation_passes", {}).get(prec, 0.0)
+    c = np.asarray(t["compute_ms_eff1"], dtype=float) / eff
+    m = np.asarray(t["memory_ms"], dtype=float) / bwf
+    n = float(np.sum(t["launches"]))
+    return float(np.maximum(c, m).sum() + n * consts["launch_overhead_us"] / 1e3 * (1 + passes)
+                 + passes * np.sum(t["pass_ms"]) / bwf)
+
+
+def fit(samples: list[dict[str, Any]], start: dict[str, Any], free: set[str] | None = None) -> dict[str, Any]:
+    """Constants minimising mean |log(estimate / measured)| (+ a weak pull towards ``start``).
+
+    ``free`` limits which kinds of constants move ("efficiency", "class_efficiency",
+    "activation_passes", "launch_overhead_us", "bandwidth_factor"); default: every one the
+    samples can inform. A precision / op class that no sample has stays at ``start``.
+    """
+    from edgekit.deps import require
+
+    optimize = require("scipy.optimize", "plan")
+    samples = _usable(samples)
     if not samples:
         raise ValueError("no samples to fit")
-    launches = np.linspace(0, 300, 301)  # us
-    effs = np.logspace(-4, np.log10(MAX_EFFICIENCY), 181)
-    bws = np.logspace(-1, 1.5, 26)  # effective bandwidth / profile bandwidth (caches make it > 1)
+    layered = any(np.sum(s["terms"]["launches"]) for s in samples)
+    free = free or ({"efficiency", "class_efficiency", "activation_passes", "launch_overhead_us", "bandwidth_factor"}
+                    if layered else {"efficiency"})
     precs = sorted({s["precision"] for s in samples})
-    total = np.zeros((len(bws), len(launches)))
-    best_eff: dict[str, np.ndarray] = {}
-    for p in precs:
-        err = np.zeros((len(effs), len(bws), len(launches)))
-        for s in (s for s in samples if s["precision"] == p):
-            c = np.asarray(s["compute_ms_eff1"], dtype=float)
-            m = np.asarray(s["memory_ms"], dtype=float)
-            base = np.maximum(c[None, None, :] / effs[:, None, None], m[None, None, :] / bws[None, :, None]).sum(-1)
-            pred = base[:, :, None] + s["layers"] * launches[None, None, :] / 1e3
-            err += np.abs(np.log(pred / s["measured_latency_ms"]))
-        best_eff[p] = np.argmin(err, axis=0)  # best efficiency index per (bandwidth, launch)
-        total += err.min(axis=0)
-    i, k = np.unravel_index(int(np.argmin(total)), total.shape)
-    return {"efficiency": {p: float(effs[best_eff[p][i, k]]) for p in precs},
-            "bandwidth_factor": float(bws[i]), "launch_overhead_us": float(launches[k]), "samples": len(samples),
-            "fitted_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")}
+    # an op class is fitted only where it carries a real share of some sample's compute
+    classes = sorted({c for s in samples for c in ("dwconv", "gemm")
+                      if _class_share(s, c) > 0.05})
+    keys: list[tuple[str, str | None]] = []
+    keys += [("efficiency", p) for p in precs if "efficiency" in free]
+    keys += [("activation_passes", p) for p in precs if "activation_passes" in free]
+    keys += [("class_efficiency", c) for c in classes if "class_efficiency" in free]
+    keys += [(k, None) for k in ("launch_overhead_us", "bandwidth_factor") if k in free]
+    defaults = {"efficiency": 0.25, "activation_passes": 0.0, "class_efficiency": 1.0}
+
+    def get(c: dict[str, Any], k: str, sub: str | None) -> float:
+        return float(c[k] if sub is None else c.get(k, {}).get(sub, defaults[k]))
+
+    # passes and launch may be 0: fitted as log(x + floor)
+    floor = {"activation_passes": 1.0, "launch_overhead_us": 1.0}
+    x0 = np.array([np.log(get(start, k, sub) + floor.get(k, 0.0)) for k, sub in keys])
+    bounds = {"efficiency": (1e-4, MAX_EFFICIENCY), "activation_passes": (0.0, 20.0), "class_efficiency": (1e-3, 4.0),
+              "launch_overhead_us": (0.0, 1000.0), "bandwidth_factor": (0.05, 50.0)}
+
+    def unpack(x: np.ndarray) -> dict[str, Any]:
+        c = json.loads(json.dumps(start))
+        for (k, sub), v in zip(keys, x):
+            lo, hi = bounds[k]
+            val = float(np.clip(np.exp(v) - floor.get(k, 0.0), lo, hi))
+            if sub is None:
+                c[k] = val
+            else:
+                c.setdefault(k, {})[sub] = val
+        return c
+
+    measured = np.array([s["measured_latency_ms"] for s in samples])
+
+    def loss(x: np.ndarray) -> float:
+        c = unpack(x)
+        pred = np.array([predict(s, c) for s in samples])
+        return float(np.mean(np.abs(np.log(pred / measured))) + PRIOR_WEIGHT * np.sum((x - x0) ** 2))
+
+    best = None
+    for seed in range(3):  # a few starts: the max() in the model makes the surface piecewise
+        xs = x0 if seed == 0 else x0 + np.random.default_rng(seed).normal(0, 0.5, len(x0))
+        r = optimize.minimize(loss, xs, method="Powell", options={"maxiter": 20000, "xtol": 1e-4, "ftol": 1e-7})
+        if best is None or r.fun < best.fun:
+            best = r
+    out = unpack(best.x) if keys else json.loads(json.dumps(start))
+    out["samples"] = len(samples)
+    out["fitted"] = sorted(f"{k}.{sub}" if sub else k for k, sub in keys)
+    out["fitted_utc"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return out
 
 
-def median_abs_error(samples: list[dict[str, Any]], eff: dict[str, float], launch_us: float,
-                     bw_factor: float = 1.0, default_eff: float = 0.25) -> float:
+def _class_share(sample: dict[str, Any], cls: str) -> float:
+    t = sample["terms"]
+    total = sum(t["compute_ms_eff1"]) or 1.0
+    return sum(ms for c, ms in zip(t["class"], t["compute_ms_eff1"]) if c == cls) / total
+
+
+def median_abs_error(samples: list[dict[str, Any]], consts: dict[str, Any]) -> float:
     """Median of |estimate - measured| / measured over the samples."""
-    errs = [abs(predict(s, eff.get(s["precision"], default_eff), launch_us, bw_factor) - s["measured_latency_ms"])
-            / s["measured_latency_ms"] for s in samples]
-    return float(np.median(errs))
+    errs = [abs(predict(s, consts) - s["measured_latency_ms"]) / s["measured_latency_ms"] for s in _usable(samples)]
+    return float(np.median(errs)) if errs else float("nan")
 
 
 def results_samples(board, known: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -236,8 +351,10 @@ def results_samples(board, known: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if not est:
                 continue
             base = {"model": row.get("model_sha256"), "model_sha256": row.get("model_sha256"),
-                    "precision": row["precision"], "compute_ms_eff1": [est * efficiency(current, row["precision"])],
-                    "memory_ms": [0.0], "layers": 0, "ops": ["(whole model)"], "estimated_latency_ms": est}
+                    "precision": row["precision"],
+                    "terms": {"class": ["conv"], "compute_ms_eff1": [est * efficiency(current, row["precision"])],
+                              "memory_ms": [0.0], "pass_ms": [0.0], "launches": [0]},
+                    "layers": 0, "ops": ["(whole model)"], "estimated_latency_ms": est}
         out.append({**base, "measured_latency_ms": float(measured), "source": "results-store",
                     "at_utc": row.get("measured_at")})
     return out
@@ -263,13 +380,11 @@ def calibrate(board_id: str = "host/host", iterations: int = 50, models=None, pr
             f"no measurements for board {board.id}: run a smoke test on it first (`edgekit smoke`), "
             "or calibrate the host board (`edgekit calibrate --board host`)"
         )
-    before = median_abs_error(all_samples, dict(board.efficiency), board.launch_overhead_us)
-    f = fit(all_samples)
-    if not any(s["layers"] for s in all_samples):  # whole-model estimates only: nothing pins these down
-        f["launch_overhead_us"], f["bandwidth_factor"] = board.launch_overhead_us, 1.0
+    start = constants(board)
+    before = median_abs_error(all_samples, start)
+    f = fit(all_samples, start)  # whole-model samples only: efficiency alone moves, nothing pins the rest
     f["median_abs_error_before"] = before
-    f["median_abs_error_after"] = median_abs_error(all_samples, f["efficiency"], f["launch_overhead_us"],
-                                                   f["bandwidth_factor"])
+    f["median_abs_error_after"] = median_abs_error(all_samples, f)
     f["results_store_samples"] = len(extra)
     store = {"board": board.id, "samples": samples, "fit": f}
     save_store(board.id, store)

@@ -11,10 +11,18 @@ candidate uses 2:4 sparsity) + peak live activations at the activation precision
 **Storage** (MB) = the weights as stored (same encoding as in RAM).
 
 **Latency** (ms) = sum over layers of
-``max(compute, memory) + launch_overhead_us`` (no launch for ops runtimes fuse into the
-previous kernel: activations, folded norms, reshapes) where
-``compute = 2 * MACs / (peak_tops[precision] at the power mode * efficiency[precision])``
+``max(compute, memory) + launch x (1 + passes) + passes x output bytes / bandwidth`` where
+``compute = 2 * MACs / (peak_tops[precision] at the power mode * efficiency[precision] * class_efficiency[class])``
 and ``memory = (weight bytes + input and output activation bytes) / memory_bandwidth_gbps``.
+The op class (:func:`op_class`) is ``conv`` (dense convolution, the reference: factor 1),
+``dwconv`` (grouped / depthwise: few MACs per byte, far below peak on every runtime) or
+``gemm`` (Gemm / MatMul / fully connected: at batch 1 a matrix-vector product, memory-bound).
+``passes`` (``activation_passes[precision]``, default 0) are the extra elementwise kernels a
+runtime runs over each layer's output at that precision: onnxruntime on a CPU executes an INT8
+Q/DQ graph as QuantizeLinear / DequantizeLinear / Transpose around its integer kernels and an
+fp16 graph with casts and layout reorders, each a launch plus a pass over the tensor; TensorRT
+and LiteRT fuse them (0). Ops that runtimes fuse into the previous kernel (activations, folded
+norms, reshapes) have no launch, memory or pass term of their own.
 Weight-only precisions (int8-weight, int6-weight, int4-weight, prune-50) compute at the best
 float rate the board has, unless its profile lists them in ``peak_tops``. 2:4 sparsity doubles the tensor rate of the layers it covers (Ampere sparse tensor
 cores) and halves their stored weights plus 2 bits of index per kept value.
@@ -26,8 +34,11 @@ Conv/Gemm except the last (the classifier keeps its outputs): MACs and weights o
 layer scale by ``(1-r)`` for each of its pruned sides (input and output), activations by
 ``(1-r)``. This is the estimate; the built model is pruned by torch-pruning.
 
-The efficiency factors, launch overhead and bandwidth start from the profile and are replaced by
-``edgekit calibrate`` fits (see :mod:`edgekit.calibrate`), which :func:`calibrated` applies.
+The efficiency factors (per precision and per op class), activation passes, launch overhead and
+bandwidth start from the profile and are replaced by ``edgekit calibrate`` fits (see
+:mod:`edgekit.calibrate`), which :func:`calibrated` applies. :func:`layer_terms` gives the
+per-layer terms at efficiency 1, bandwidth factor 1 and no launch: the same arithmetic
+:func:`estimate` uses, and what the fit scales.
 """
 
 from __future__ import annotations
@@ -53,6 +64,9 @@ TENSOR_CORE_PRECISIONS = ("fp16", "int8", "int8-weight", "int4-weight")
 # metadata changes: no launch of their own
 FUSED_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu",
                        "BatchNormalization", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Dropout"})
+# op classes (ONNX op types and TFLite builtins, for Keras input analyzed as TFLite)
+CONV_OPS = frozenset({"Conv", "ConvTranspose", "CONV_2D", "CONV_3D", "TRANSPOSE_CONV"})
+GEMM_OPS = frozenset({"Gemm", "MatMul", "FULLY_CONNECTED", "BATCH_MATMUL"})
 
 
 @dataclass(frozen=True)
@@ -87,11 +101,13 @@ class LayerCost:
     macs: float
     compute_ms: float
     memory_ms: float
-    launch_ms: float
+    launch_ms: float  # the layer's own launch plus those of its activation passes
+    passes_ms: float = 0.0  # bytes moved by the runtime's extra passes over the output (Q/DQ, casts)
+    op_class: str = "other"
 
     @property
     def latency_ms(self) -> float:
-        return max(self.compute_ms, self.memory_ms) + self.launch_ms
+        return max(self.compute_ms, self.memory_ms) + self.launch_ms + self.passes_ms
 
     @property
     def bound(self) -> str:
@@ -140,20 +156,48 @@ def compute_precision(board: Board, precision: str) -> str:
     return _float_compute_precision(board)
 
 
+def op_class(layer: Any) -> str:
+    """conv | dwconv | gemm | other (no MACs): which efficiency a layer's compute runs at."""
+    if layer.op in CONV_OPS:
+        return "dwconv" if getattr(layer, "groups", 1) > 1 else "conv"
+    if layer.op == "DEPTHWISE_CONV_2D":
+        return "dwconv"
+    if layer.op in GEMM_OPS:
+        return "gemm"
+    return "other"
+
+
+def class_efficiency(board: Board, cls: str) -> float:
+    return board.class_efficiency.get(cls, 1.0)
+
+
 def _weight_layers(stats: ModelStats) -> list[int]:
     return [i for i, lay in enumerate(stats.layers) if lay.op in WEIGHT_OPS and lay.params > 0]
 
 
-def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
-    """RAM, storage, latency and energy of ``stats`` built as ``cand`` on ``board``."""
+@dataclass
+class LayerTerms:
+    """One layer's cost at efficiency 1, class factor 1, bandwidth factor 1 and no launch overhead."""
+
+    name: str
+    op: str
+    op_class: str
+    precision: str
+    macs: float
+    weight_bytes: float
+    compute_ms_eff1: float  # 2 MACs / peak
+    memory_ms: float  # (weights + input and output activations) / bandwidth
+    pass_ms: float  # output activation bytes / bandwidth: one extra pass over the output
+    launches: int  # 1, or 0 for ops fused into the previous kernel
+
+
+def layer_terms(stats: ModelStats, board: Board, cand: Candidate) -> list[LayerTerms]:
     mode = board.power_modes[cand.power_mode]
     r = cand.prune_ratio
     wl = _weight_layers(stats)
     first, last = (wl[0], wl[-1]) if wl else (-1, -1)
     bw = board.memory_bandwidth_gbps * 1e9  # bytes/s
-    launch_ms = board.launch_overhead_us / 1e3
-    layers: list[LayerCost] = []
-    total_w = 0.0
+    out: list[LayerTerms] = []
     prev_act = float(stats.input_bytes)
     for i, lay in enumerate(stats.layers):
         prec = "fp32" if lay.name in cand.float_layers else cand.precision
@@ -169,20 +213,35 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
                 wbytes = wbytes / 2 + params / 2 * 2 / 8  # half the values + 2-bit index per kept value
         else:
             wbytes = params * (2.0 if prec == "fp16" else 4.0)
-        total_w += wbytes
         act_scale = ACT_BYTES.get(prec, 4.0) / 4.0
         out_act = lay.activation_bytes * keep_out * act_scale
         cprec = compute_precision(board, prec)
         tops = mode.peak_tops.get(cprec) or mode.peak_tops.get("fp32") or max(mode.peak_tops.values())
         if cand.sparsity == "2:4" and is_w and prec in TENSOR_CORE_PRECISIONS:
             tops *= 2
-        compute_s = 2 * macs / (tops * 1e12 * efficiency(board, prec)) if macs else 0.0
-        memory_s = 0.0 if lay.op in FUSED_OPS else (wbytes + prev_act * act_scale + out_act) / bw
-        launch = 0.0 if lay.op in FUSED_OPS else launch_ms
-        layers.append(LayerCost(lay.name, lay.op, prec, wbytes, macs, compute_s * 1e3, memory_s * 1e3, launch))
+        fused = lay.op in FUSED_OPS
+        out.append(LayerTerms(
+            name=lay.name, op=lay.op, op_class=op_class(lay), precision=prec, macs=macs, weight_bytes=wbytes,
+            compute_ms_eff1=2 * macs / (tops * 1e12) * 1e3 if macs else 0.0,
+            memory_ms=0.0 if fused else (wbytes + prev_act * act_scale + out_act) / bw * 1e3,
+            pass_ms=0.0 if fused else out_act / bw * 1e3, launches=0 if fused else 1))
         prev_act = lay.activation_bytes * keep_out
+    return out
+
+
+def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
+    """RAM, storage, latency and energy of ``stats`` built as ``cand`` on ``board``."""
+    mode = board.power_modes[cand.power_mode]
+    launch_ms = board.launch_overhead_us / 1e3
+    layers: list[LayerCost] = []
+    for t in layer_terms(stats, board, cand):
+        eff = efficiency(board, t.precision) * class_efficiency(board, t.op_class)
+        passes = board.activation_passes.get(t.precision, 0.0)
+        layers.append(LayerCost(t.name, t.op, t.precision, t.weight_bytes, t.macs, t.compute_ms_eff1 / eff,
+                                t.memory_ms, t.launches * launch_ms * (1 + passes), passes * t.pass_ms, t.op_class))
+    total_w = sum(lc.weight_bytes for lc in layers)
     act_prec = ACT_BYTES.get(cand.precision, 4.0) / 4.0
-    act_mb = stats.peak_activation_bytes * (1 - r if wl else 1.0) * act_prec / MB
+    act_mb = stats.peak_activation_bytes * (1 - cand.prune_ratio if _weight_layers(stats) else 1.0) * act_prec / MB
     weights_mb = total_w / MB
     latency = sum(lc.latency_ms for lc in layers)
     return Estimate(
@@ -200,14 +259,21 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
 
 
 def calibrated(board: Board) -> Board:
-    """The board with efficiency factors and launch overhead from its stored calibration, if any."""
+    """The board with the cost-model constants of its stored calibration (edgekit calibrate), if any."""
     from edgekit.calibrate import load_fit
 
     fit = load_fit(board.id)
     if not fit:
         return board
+    return apply_fit(board, fit)
+
+
+def apply_fit(board: Board, fit: dict[str, Any]) -> Board:
+    """``board`` with a fit's constants in place of the profile's (what the fit left out stays)."""
     eff = dict(board.efficiency)
     eff.update({k: max(1e-6, v) for k, v in fit["efficiency"].items()})  # > 1: the profile's peak is too low
     return board.model_copy(update={
         "efficiency": eff, "launch_overhead_us": fit["launch_overhead_us"],
+        "class_efficiency": board.class_efficiency | fit.get("class_efficiency", {}),
+        "activation_passes": board.activation_passes | fit.get("activation_passes", {}),
         "memory_bandwidth_gbps": board.memory_bandwidth_gbps * fit.get("bandwidth_factor", 1.0)})

@@ -32,6 +32,11 @@ PRECISION_ORDER: tuple[str, ...] = (
 )
 
 
+# op classes with their own efficiency in the cost model (edgekit.costmodel.op_class); dense
+# convolution ("conv") is the reference the precision's efficiency describes
+OpClass = Literal["dwconv", "gemm"]
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
@@ -101,6 +106,20 @@ class Board(_Strict):
         description="share of peak throughput reached in practice (cost model); recalibrated from measurements",
     )
     launch_overhead_us: float = Field(default=0, ge=0, description="per-layer launch overhead (cost model)")
+    class_efficiency: dict[OpClass, float] = Field(
+        default_factory=dict,
+        description="throughput of an op class relative to dense convolution at the same precision (cost model): "
+        "depthwise convolutions and batch-1 GEMMs reach a smaller share of peak; absent = 1",
+    )
+    activation_passes: dict[Precision, float] = Field(
+        default_factory=dict,
+        description="extra passes the runtime makes over each layer's output at that precision (cost model): "
+        "onnxruntime on a CPU runs int8 as Quantize/DequantizeLinear around layers and fp16 with casts and layout "
+        "reorders; a runtime that fuses them (TensorRT, LiteRT) makes none; absent = 0",
+    )
+    detect: Literal["host-cpu"] | None = Field(
+        default=None, description="host-cpu: peak_tops, ram_mb and memory figures are read off this machine "
+        "(edgekit.hostcpu) when the profile loads; the TOML's figures stand where it cannot be read")
     sparsity_2_4: bool = Field(default=False, description="2:4 structured sparsity runs at 2x tensor rate (Ampere+)")
     min_ios: int | None = Field(default=None, ge=13, le=30, description="oldest iOS/iPadOS the app supports on this "
                                 "device: the Core ML deployment target (Apple boards only)")
@@ -124,6 +143,22 @@ class Board(_Strict):
         for k, x in v.items():
             if not 0 < x <= 1:
                 raise ValueError(f"efficiency.{k} must be in (0, 1] (got {x})")
+        return v
+
+    @field_validator("class_efficiency")
+    @classmethod
+    def _class_eff(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not 0 < x <= 4:  # a batch-1 GEMM is memory-bound: its compute share matters little, may exceed 1
+                raise ValueError(f"class_efficiency.{k} must be in (0, 4] (got {x})")
+        return v
+
+    @field_validator("activation_passes")
+    @classmethod
+    def _passes(cls, v: dict[str, float]) -> dict[str, float]:
+        for k, x in v.items():
+            if not 0 <= x <= 20:
+                raise ValueError(f"activation_passes.{k} must be in [0, 20] (got {x})")
         return v
 
     @model_validator(mode="after")
@@ -266,6 +301,8 @@ def load_board(name: str, overrides: list[str] | dict[str, Any] | None = None) -
     path = board_files()[key]
     data = _read_toml(path)
     ov = overrides if isinstance(overrides, dict) else parse_overrides(overrides)
+    if data.get("detect") == "host-cpu":
+        data = _detect_host(data, ov)
     data = _apply(data, ov, f"board {key}")
     try:
         board = Board.model_validate(data)
@@ -274,6 +311,22 @@ def load_board(name: str, overrides: list[str] | dict[str, Any] | None = None) -
     if board.id != key:
         raise ProfileError(f"{path}: vendor/name say {board.id!r} but the file is {key!r}")
     return board
+
+
+def _detect_host(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """Fill the host board's compute and memory figures from this machine (see edgekit.hostcpu)."""
+    from edgekit.hostcpu import detect
+
+    cpu = detect()
+    if cpu.clock_mhz <= 0:
+        return data
+    peak = cpu.peak_tops()
+    for mode in data.get("power_modes", {}).values():
+        mode["peak_tops"] = {k: peak[k] for k in mode.get("peak_tops", peak) if k in peak}
+    if cpu.ram_mb:
+        data["ram_mb"] = cpu.ram_mb
+    data["description"] = f"{data.get('description', 'this machine')}; detected: {cpu.describe()}"
+    return data
 
 
 def load_target(name: str) -> Target:
