@@ -209,7 +209,6 @@ def _macs(n, shapes, numel, numpy_helper) -> int:
         w = dims(n.input[1])
         if len(w) < 3:
             return 0
-        group = next((a.i for a in n.attribute if a.name == "group"), 1)
         kernel = int(np.prod(w[2:]))
         if n.op_type == "Conv":
             # out elements x (Cin/group) x kernel

@@ -143,26 +143,35 @@ def default_models() -> list[tuple[str, list[str] | None, str | None]]:
 # ---------------------------------------------------------------- measuring
 
 
-def time_onnx(path: Path, feeds: dict[str, np.ndarray], iterations: int, warmup: int = 5, rounds: int = 5) -> float:
-    """Latency (ms) of one run in the bundle runner's onnxruntime session: the lowest of ``rounds``
-    medians (``iterations`` runs in all). Other processes on a shared machine only ever add time."""
+def time_onnx(paths: list[Path], feeds: list[dict[str, np.ndarray]], iterations: int, rounds: int = 7,
+              log: Callable[[str], None] = lambda m: None) -> list[float]:
+    """Latency (ms) of one run of each model in the bundle runner's onnxruntime session.
+
+    The models are timed in turn, ``rounds`` times over (``iterations`` runs each in all), and
+    each keeps the lowest of its round medians: on a shared machine other processes only ever
+    add time, and taking turns spreads a burst of someone else's work over every model instead
+    of landing on one.
+    """
     from edgekit.converters import load_firmware
     from edgekit.deps import require
 
     require("onnxruntime", "jetson")
-    model = load_firmware("tensorrt").OnnxRuntimeModel(str(path))
-    for _ in range(warmup):
-        model(feeds)
+    runner = load_firmware("tensorrt")
+    models = [runner.OnnxRuntimeModel(str(p)) for p in paths]
     per_round = max(3, iterations // rounds)
-    medians = []
-    for _ in range(rounds):
-        times = []
-        for _ in range(per_round):
-            t0 = time.perf_counter()
-            model(feeds)
-            times.append(time.perf_counter() - t0)
-        medians.append(float(np.median(times)))
-    return min(medians) * 1e3
+    best = [float("inf")] * len(models)
+    for r in range(rounds):
+        for i, (model, f) in enumerate(zip(models, feeds)):
+            for _ in range(2):  # warm the caches after the other models ran
+                model(f)
+            times = []
+            for _ in range(per_round):
+                t0 = time.perf_counter()
+                model(f)
+                times.append(time.perf_counter() - t0)
+            best[i] = min(best[i], float(np.median(times)) * 1e3)
+        log(f"timing round {r + 1}/{rounds}")
+    return best
 
 
 def layer_terms(stats, board, precision: str) -> dict[str, Any]:
@@ -182,14 +191,14 @@ def layer_terms(stats, board, precision: str) -> dict[str, Any]:
 def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | None, str | None]] | None = None,
             precisions: list[str] | None = None, iterations: int = 50,
             log: Callable[[str], None] = lambda m: None) -> list[dict[str, Any]]:
-    """Build each model at each precision with the pipeline and time it with onnxruntime on this CPU."""
+    """Build each model at each precision with the pipeline, then time them all with onnxruntime on this CPU."""
     from edgekit.pipeline import convert
     from edgekit.profiles import load_board
 
     board = load_board(board_id)
     target = board.targets[0]
     precisions = precisions or [p for p in ("fp32", "fp16", "int8") if p in board.precisions]
-    samples = []
+    samples, paths, feeds = [], [], []
     models = models or default_models()
     with tempfile.TemporaryDirectory(prefix="edgekit-calib-") as tmp:
         for i, (model, shape, calib) in enumerate(models):
@@ -197,17 +206,19 @@ def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | Non
                 out = Path(tmp) / f"m{i}-{prec}"
                 res = convert(model, target=target, out=out, board=board.id, precision=prec,
                               calib=calib if prec == "int8" else None, input_shape=shape, golden_count=4)
-                feeds = {k: np.asarray(v) for k, v in _first_feed(res.out_dir).items()}
-                ms = time_onnx(res.out_dir / res.manifest["artifact"]["primary"], feeds, iterations)
-                terms = layer_terms(res.stats, board, prec)
-                name = str(model) + (f" @{shape[0]}" if shape else "")
-                samples.append({"model": name, "model_sha256": res.manifest["source_model"]["sha256"] + (
-                                    f"@{shape[0]}" if shape else ""),
-                                "precision": prec, "measured_latency_ms": ms, "source": "calibrate",
-                                "at_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"), **terms})
-                log(f"[{len(samples)}/{len(models) * len(precisions)}] {Path(str(model)).name} "
-                    f"{shape[0] if shape else ''} {prec}: measured {ms:.4f} ms, "
-                    f"estimated {terms['estimated_latency_ms']:.4f} ms")
+                feeds.append({k: np.asarray(v) for k, v in _first_feed(res.out_dir).items()})
+                paths.append(res.out_dir / res.manifest["artifact"]["primary"])
+                tag = f"@{shape[0]}" if shape else ""
+                samples.append({"model": str(model) + (f" {tag}" if tag else ""),
+                                "model_sha256": res.manifest["source_model"]["sha256"] + tag,
+                                "precision": prec, "source": "calibrate", **layer_terms(res.stats, board, prec)})
+                log(f"built [{len(samples)}/{len(models) * len(precisions)}] {Path(str(model)).name} {tag} {prec}")
+        times = time_onnx(paths, feeds, iterations, log=log)
+    at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for s, ms in zip(samples, times):
+        s.update(measured_latency_ms=ms, at_utc=at)
+        log(f"{Path(s['model']).name} {s['precision']}: measured {ms:.4f} ms, "
+            f"estimated {s['estimated_latency_ms']:.4f} ms")
     return samples
 
 

@@ -109,6 +109,10 @@ def layers(plan: Plan) -> bytes:
     a1.barh(ys, [lc.memory_ms * 1e3 for lc in ls], color="#e67e22", alpha=0.6, label="memory")
     a1.barh(ys, [lc.launch_ms * 1e3 for lc in ls], left=[max(lc.compute_ms, lc.memory_ms) * 1e3 for lc in ls],
             color="#7f8c8d", label="launch")
+    if any(lc.passes_ms for lc in ls):  # the runtime's extra passes over the output (Q/DQ, casts)
+        a1.barh(ys, [lc.passes_ms * 1e3 for lc in ls],
+                left=[(max(lc.compute_ms, lc.memory_ms) + lc.launch_ms) * 1e3 for lc in ls],
+                color="#c0392b", alpha=0.7, label="runtime passes")
     a1.set_xlabel("latency per layer (us, estimate)")
     a1.legend(fontsize=7)
     a1.set_yticks(list(ys))

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("litert_torch")
 pytest.importorskip("ai_edge_litert")
 
-from edgekit.errors import ConversionError, InputSpecError  # noqa: E402
+from edgekit.errors import InputSpecError  # noqa: E402
 from edgekit.pipeline import convert  # noqa: E402
 from edgekit.profiles import data_dir, list_boards, load_board, load_target  # noqa: E402
 
