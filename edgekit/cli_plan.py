@@ -37,19 +37,24 @@ def plan(
     build: Annotated[Path | None, typer.Option("--build", help="with --eval: keep the chosen build in this folder")] = None,
 ) -> None:
     """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
-    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, choose, refine
-    from edgekit.profiles import load_board, load_target
+    import tempfile
+
+    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, analyze, choose, plan_target, refine
+    from edgekit.profiles import load_board
 
     brd = load_board(board, board_set)
-    tgt = load_target(target) if target else None
+    tgt = plan_target(brd, target)
     budgets = Budgets.for_board(brd, ram_mb=max_ram_mb, storage_mb=max_storage_mb, latency_ms=max_latency_ms,
                                 power_w=max_power_w, energy_mj=max_energy_mj, accuracy_drop_points=max_accuracy_drop)
-    with err.status("analyzing and estimating…"):
-        p = choose(model, brd, tgt, budgets, input_shape=input_shape, use_calibration=not no_calibration)
-    if eval_data:
-        with err.status("building the choice and measuring accuracy…"):
-            p = refine(p, model, eval_data, calib=calib, input_shape=input_shape, board_set=board_set, out=build,
-                       log=lambda m: err.print(f"  [dim]{m}[/]"))
+    # the model is loaded, analyzed and exported once; the estimate and every --eval build reuse it
+    with tempfile.TemporaryDirectory(prefix="edgekit-plan-") as work:
+        with err.status("analyzing and estimating…"):
+            analyzed = analyze(model, tgt, Path(work), input_shape)
+            p = choose(analyzed, brd, tgt, budgets, use_calibration=not no_calibration)
+        if eval_data:
+            with err.status("building the choice and measuring accuracy…"):
+                p = refine(p, analyzed, eval_data, calib=calib, board_set=board_set, out=build,
+                           log=lambda m: err.print(f"  [dim]{m}[/]"))
     if report is not None:
         from edgekit.report_html import write_report
 

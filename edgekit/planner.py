@@ -1,7 +1,9 @@
 """The planner: the board's budgets choose precision, pruning and power mode before anything is built.
 
 1. Candidates: every precision the target and the board both offer x structured pruning
-   ratios (torch models only) x 2:4 sparsity (boards with ``sparsity_2_4``) x power modes.
+   ratios (only for models that :func:`edgekit.prune.can_prune` can rebuild: an ``nn.Module``
+   from ``pkg.module:factory``, not a ``.pt2`` / TorchScript / ONNX file) x 2:4 sparsity
+   (boards with ``sparsity_2_4``) x power modes.
 2. Each candidate is estimated by :mod:`edgekit.costmodel` (with the board's stored
    calibration applied) and checked against every budget.
 3. The choice is the least compressed candidate that fits (no pruning before pruning,
@@ -13,6 +15,9 @@
 5. With eval data (:func:`refine`), the choice is built with the target's converter, its
    accuracy measured, and while the drop exceeds the accuracy budget the most sensitive
    layers are kept in float (per-layer sensitivity), re-checked each time.
+
+The model is loaded, analyzed and (for torch) exported to ONNX once (:func:`analyze`); the
+estimate, every build and the accuracy measurements reuse that :class:`Analyzed`.
 """
 
 from __future__ import annotations
@@ -20,12 +25,15 @@ from __future__ import annotations
 import tempfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgekit.analyze import WEIGHT_OPS, ModelStats
 from edgekit.costmodel import Candidate, Estimate, calibrated, estimate
 from edgekit.errors import EdgekitError
 from edgekit.profiles import PRECISION_ORDER, Board, Target, load_target
+
+if TYPE_CHECKING:
+    from edgekit.ingest import Model
 
 PRUNE_RATIOS = (0.0, 0.25, 0.5)
 BUDGET_UNITS = {"ram_mb": "MB", "storage_mb": "MB", "latency_ms": "ms", "power_w": "W", "energy_mj": "mJ"}
@@ -155,19 +163,48 @@ class Plan:
 # ---------------------------------------------------------------- analysis
 
 
+@dataclass
+class Analyzed:
+    """A model loaded and analyzed once. ``float_graph`` is the graph the stats came from (the torch
+    model's ONNX export, an ONNX model's own file): the planner's builds reuse it instead of exporting
+    again, so it must outlive them (it lives in the folder given to :func:`analyze`)."""
+
+    model: Model
+    stats: ModelStats
+    float_graph: Path
+
+
+def plan_target(board: Board, target: Target | str | None) -> Target | None:
+    """The target a plan is for: the one given, else the board's first."""
+    if isinstance(target, str):
+        return load_target(target)
+    if target is None and board.targets:
+        return load_target(board.targets[0])
+    return target
+
+
+def analyze(model: Any, target: Target | None, work_dir: Path, input_shape: list[str] | None = None,
+            trust_pickle: bool = False) -> Analyzed:
+    """Load ``model`` (a path, ``pkg.module:factory``, or an already loaded Model) and analyze it, once:
+    the analyze stage of the pipeline (:func:`edgekit.analyze.analyze_model`), its float graph kept in
+    ``work_dir``. An :class:`Analyzed` is returned as it is."""
+    from edgekit.analyze import analyze_model as analyze_graph
+    from edgekit.ingest import Model, load_model
+
+    if isinstance(model, Analyzed):
+        return model
+    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
+    Path(work_dir).mkdir(parents=True, exist_ok=True)
+    stats, graph = analyze_graph(m, Path(work_dir), target)
+    return Analyzed(m, stats, graph)
+
+
 def analyze_model(model: Any, target: Target | None = None, input_shape: list[str] | None = None,
                   trust_pickle: bool = False):
-    """(Model, ModelStats) for a path, ``pkg.module:factory`` or loaded Model."""
-    from edgekit.analyze import analyze_onnx
-    from edgekit.ingest import Model, load_model
-    from edgekit.onnx_graph import export_onnx
-
-    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
+    """(Model, ModelStats) for a path, ``pkg.module:factory`` or loaded Model (the float graph is not kept)."""
     with tempfile.TemporaryDirectory(prefix="edgekit-plan-") as tmp:
-        path = Path(m.onnx_path) if not m.is_torch else export_onnx(
-            m, Path(tmp) / "model.onnx", (target.opset if target else None) or 18)
-        stats = analyze_onnx(path, target.supported_ops if target else None, target.name if target else None)
-    return m, stats
+        a = analyze(model, target, Path(tmp), input_shape, trust_pickle)
+    return a.model, a.stats
 
 
 # ---------------------------------------------------------------- search
@@ -232,14 +269,35 @@ def choose(
     use_calibration: bool = True,
     prunable: bool | None = None,
 ) -> Plan:
-    """Pick the least compressed candidate that fits every budget, by estimate (nothing is built)."""
-    tgt = load_target(target) if isinstance(target, str) else target
-    if tgt is None and board.targets:
-        tgt = load_target(board.targets[0])
-    if stats is None:
+    """Pick the least compressed candidate that fits every budget, by estimate (nothing is built).
+
+    ``model``: an :class:`Analyzed` (what :func:`refine` then reuses), a loaded Model, a path or
+    ``pkg.module:factory`` (loaded and analyzed here), or None with ``stats``. Pruned candidates are
+    offered only when :func:`edgekit.prune.can_prune` can rebuild the model (a note says why not);
+    ``prunable`` overrides that, and is the caller's to give when there is no model.
+    """
+    from edgekit.ingest import Model
+
+    tgt = plan_target(board, target)
+    m = None
+    if isinstance(model, Analyzed):
+        m, stats = model.model, stats or model.stats
+    elif stats is None:
         m, stats = analyze_model(model, tgt, input_shape, trust_pickle)
-        if prunable is None:
-            prunable = m.is_torch
+    elif isinstance(model, Model):
+        m = model
+    elif model is not None and prunable is None:  # stats given for a path: load it only to ask can_prune
+        from edgekit.ingest import load_model
+
+        m = load_model(model, input_shape, trust_pickle)
+    notes: list[str] = []
+    if prunable is None and m is not None:
+        from edgekit.prune import can_prune
+
+        prunable = can_prune(m)
+        if not prunable:
+            notes.append(f"no pruned candidates: structured pruning cannot rebuild {m.source} (kind {m.kind}: no "
+                         "nn.Module left) — give the model as pkg.module:factory to let the planner prune")
     budgets = budgets or Budgets.for_board(board)
     brd = calibrated(board) if use_calibration else board
     scored = [score(estimate(stats, brd, c), budgets) for c in candidates(brd, tgt, prunable is not False)]
@@ -248,11 +306,11 @@ def choose(
     scored.sort(key=lambda s: (compression_rank(s.estimate.candidate), s.estimate.energy_mj, s.estimate.latency_ms))
     fitting = [s for s in scored if s.fits]
     if not fitting:
-        raise PlanError(_nothing_fits(scored, budgets, board))
+        raise PlanError(_nothing_fits(scored, budgets, board) + "".join(f" ({n})" for n in notes))
     best = fitting[0]
     reason = _reason(best, scored, budgets)
     return Plan(board.id, tgt.name if tgt else "-", budgets, scored, best, reason, stats,
-                calibrated=brd is not board, profile=brd)
+                calibrated=brd is not board, notes=notes, profile=brd)
 
 
 def _nothing_fits(scored: list[Scored], budgets: Budgets, board: Board) -> str:
@@ -332,50 +390,53 @@ def _accuracy(runner, model, ds) -> float:
 class _Builder:
     """Builds one candidate with the target's converter (no bundle) and measures its eval accuracy.
 
-    Used for the per-layer sensitivity scan, where a full pipeline run per layer would
-    export and verify again each time; the choice itself is built with the pipeline.
+    Used for the per-layer sensitivity scan, where a full pipeline run per layer would verify
+    and bundle each time; the choice itself is built with the pipeline. Reuses the analyzed
+    model's float graph, and measures each (precision, float layers) build once.
     """
 
-    def __init__(self, model, target: Target, board: Board, eval_ds, calib_ds, work: Path) -> None:
-        from edgekit.onnx_graph import export_onnx
-
-        self.model, self.target, self.board, self.eval_ds, self.calib_ds, self.work = (
-            model, target, board, eval_ds, calib_ds, work)
-        self.float_onnx = export_onnx(model, work / "float.onnx", target.opset or 18) if model.is_torch else None
-        self.float_accuracy = _accuracy(model.reference(), model, eval_ds)
+    def __init__(self, analyzed: Analyzed, target: Target, board: Board, eval_ds, calib_ds, work: Path) -> None:
+        self.a, self.target, self.board, self.eval_ds, self.calib_ds, self.work = (
+            analyzed, target, board, eval_ds, calib_ds, work)
+        self.known: dict[tuple[str, tuple[str, ...]], float] = {}  # (precision, float layers) -> accuracy
         self.n = 0
 
     def accuracy(self, precision: str, float_layers: list[str]) -> float:
         from edgekit.converters import ConvertJob, get_converter
 
+        key = (precision, tuple(float_layers))
+        if key in self.known:
+            return self.known[key]
         self.n += 1
         out, work = self.work / f"b{self.n}", self.work / f"w{self.n}"
         out.mkdir()
         work.mkdir()
-        job = ConvertJob(model=self.model, target=self.target, board=self.board, precision=precision,
+        m = self.a.model
+        job = ConvertJob(model=m, target=self.target, board=self.board, precision=precision,
                          calib=self.calib_ds, out_dir=out, work_dir=work,
                          options={"opset": None, "keep_float_nodes": list(float_layers)},
-                         log=lambda m: None, warn=lambda m: None)
-        if self.float_onnx is not None:
-            job.float_onnx = self.float_onnx
+                         log=lambda msg: None, warn=lambda msg: None,
+                         float_onnx=self.a.float_graph if m.is_torch else None)
         conv = get_converter(self.target.converter)
         art = conv.convert(job)
-        return _accuracy(conv.host_runner(job, art), self.model, self.eval_ds)
+        self.known[key] = _accuracy(conv.host_runner(job, art), m, self.eval_ds)
+        return self.known[key]
 
 
-def _pipeline_accuracy(plan: Plan, model, out: Path, precision: str, float_layers: list[str], *, eval_data: str,
-                       calib: str | None, input_shape, board_set, log) -> tuple[float, float]:
-    """Build with edgekit.pipeline.convert into ``out``; (float accuracy, converted accuracy)."""
+def _pipeline_accuracy(plan: Plan, a: Analyzed, out: Path, precision: str, float_layers: list[str], *,
+                       eval_data: str, calib: str | None, board_set, log) -> tuple[float, float]:
+    """Build the analyzed model with edgekit.pipeline.convert into ``out`` (no second load, analysis or
+    export); (float accuracy, converted accuracy) from its verification."""
     import json
 
     from edgekit.errors import VerificationError
     from edgekit.pipeline import convert
 
     try:
-        convert(model, target=plan.target, out=out, board=plan.board, precision=precision,
-                calib=calib, eval_data=eval_data, input_shape=input_shape, board_set=board_set,
+        convert(a.model, target=plan.target, out=out, board=plan.board, precision=precision,
+                calib=calib, eval_data=eval_data, board_set=board_set,
                 options={"keep_float_nodes": list(float_layers)} if float_layers else None,
-                log=lambda m: None, warn=log)
+                log=lambda m: None, warn=log, analysis=(a.stats, a.float_graph))
     except VerificationError as exc:  # the build is kept; the accuracy budget decides below
         log(f"host verification: {exc}")
     v = json.loads((out / "manifest.json").read_text())["verification"]
@@ -386,9 +447,14 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
            board_set: list[str] | None = None, out: str | Path | None = None, max_steps: int = 8,
            finetune_steps: int = 150, log=lambda m: None) -> Plan:
     """Build the choice (pruned first where it prunes), measure its accuracy on ``eval_data``; while the
-    drop is over budget, keep the most quantization-sensitive layers in float (estimates re-checked)."""
+    drop is over budget, keep the most quantization-sensitive layers in float (estimates re-checked).
+
+    ``model``: the :class:`Analyzed` that :func:`choose` planned from (reused: not loaded, analyzed or
+    exported again), else a loaded Model or a path (loaded and analyzed here, once). The float
+    accuracy is measured once: by the first build's verification (of the unpruned model), or here
+    before pruning.
+    """
     from edgekit.data import load_npz
-    from edgekit.ingest import load_model
     from edgekit.profiles import load_board
 
     budget = plan.budgets.accuracy_drop_points
@@ -401,16 +467,18 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
     with tempfile.TemporaryDirectory(prefix="edgekit-refine-") as tmp:
         work = Path(tmp)
         build = Path(out) if out else work / "build"
-        m = load_model(model, input_shape)
+        tgt = load_target(plan.target)
+        a = analyze(model, tgt, work / "float", input_shape)  # an Analyzed is used as it is
+        m = a.model
         eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval")
         calib_ds = load_npz(calib, m, what="--calib") if calib else None
-        float_acc = _accuracy(m.reference(), m, eval_ds)  # the unpruned float model: drops count from here
-        build_model, build_shape = model, input_shape
+        float_acc = None  # the unpruned float model's accuracy: drops count from here
         if cand.prune_ratio:
             from edgekit.prune import prune, save_exported
 
+            float_acc = _accuracy(m.reference(), m, eval_ds)  # the builds below measure the pruned model
             pruned, info = prune(m, cand.prune_ratio, calib_ds, steps=finetune_steps)
-            build_model, build_shape = str(save_exported(pruned, m, work / "pruned.pt2")), None
+            a = analyze(str(save_exported(pruned, m, work / "pruned.pt2")), tgt, work / "pruned")
             plan.pruning = info
             ft = info["finetune"]
             plan.notes.append(
@@ -418,8 +486,10 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
                 f"{info['macs_after']:,}, params {info['params_before']:,} -> {info['params_after']:,}; fine-tuned "
                 f"{ft['steps']} steps ({ft['kind']}, on {ft['data']}): loss {ft['loss_before']:.4g} -> {ft['loss_after']:.4g}")
             log(plan.notes[-1])
-        opts = dict(eval_data=eval_data, calib=calib, input_shape=build_shape, board_set=board_set, log=log)
-        _, ca = _pipeline_accuracy(plan, build_model, build, cand.precision, [], **opts)
+        opts = dict(eval_data=eval_data, calib=calib, board_set=board_set, log=log)
+        fa, ca = _pipeline_accuracy(plan, a, build, cand.precision, [], **opts)
+        if float_acc is None:
+            float_acc = fa  # measured by the build's verification on the same eval data
         drop = 100 * (float_acc - ca)
         plan.eval_steps.append(EvalStep([], ca, float_acc, drop))
         log(f"{cand.label}: accuracy {ca:.2%} (float {float_acc:.2%}, drop {drop:.2f} points, budget {budget})")
@@ -431,10 +501,9 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
             raise PlanError(f"accuracy drop budget {budget} points cannot be met: {cand.label} loses "
                             f"{drop:.2f} points (+{drop - budget:.2f}); relax --max-accuracy-drop")
         # per-layer sensitivity: accuracy regained by keeping one layer in float
-        bm = load_model(build_model, build_shape) if cand.prune_ratio else m
-        b = _Builder(bm, load_target(plan.target), load_board(plan.board, board_set), eval_ds, calib_ds, work)
-        base = b.accuracy(cand.precision, [])
-        gain = {name: 100 * (b.accuracy(cand.precision, [name]) - base) for name in weight_layer_names(plan.stats)}
+        b = _Builder(a, tgt, load_board(plan.board, board_set), eval_ds, calib_ds, work)
+        b.known[(cand.precision, ())] = ca  # the pipeline build above is the no-float-layers build
+        gain = {name: 100 * (b.accuracy(cand.precision, [name]) - ca) for name in weight_layer_names(plan.stats)}
         plan.sensitivity = dict(sorted(gain.items(), key=lambda kv: -kv[1]))
         log("sensitivity (points regained in float): " + ", ".join(f"{k} {v:+.2f}" for k, v in plan.sensitivity.items()))
         kept: list[str] = []
@@ -450,7 +519,7 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
             if 100 * (float_acc - acc) <= budget + 1e-9:
                 break
         # re-check with the pipeline (the real build)
-        _, ca = _pipeline_accuracy(plan, build_model, build, cand.precision, kept, **opts)
+        _, ca = _pipeline_accuracy(plan, a, build, cand.precision, kept, **opts)
         drop = 100 * (float_acc - ca)
         plan.eval_steps.append(EvalStep(list(kept), ca, float_acc, drop))
         if drop > budget + 1e-9:

@@ -18,16 +18,25 @@ from edgekit.deps import require
 from edgekit.errors import ModelLoadError
 
 
-def _module(model) -> Any:
+PRUNABLE_KINDS = ("factory", "pickle")  # ingest kinds that keep the nn.Module structure
+
+
+def can_prune(model) -> bool:
+    """Whether :func:`prune` can rebuild ``model``: an ``nn.Module`` (``pkg.module:factory`` or a pickled
+    module) with Conv2d / Linear layers. A ``.pt2``, TorchScript, ONNX or Keras model cannot be pruned."""
+    if model.kind not in PRUNABLE_KINDS or model.torch_module is None:
+        return False
     torch = require("torch")
-    mod = model.torch_module
-    convs = [m for m in mod.modules() if isinstance(m, torch.nn.Conv2d | torch.nn.Linear)] if mod is not None else []
-    if model.kind not in ("factory", "pickle") or not convs:
+    return any(isinstance(m, torch.nn.Conv2d | torch.nn.Linear) for m in model.torch_module.modules())
+
+
+def _module(model) -> Any:
+    if not can_prune(model):
         raise ModelLoadError(
             f"{model.source}: structured pruning needs the model as an nn.Module (give pkg.module:factory); "
             f"a {model.kind} has no layer structure left to prune"
         )
-    return mod
+    return model.torch_module
 
 
 def prune(model, ratio: float, calib=None, steps: int = 150, lr: float = 1e-3, seed: int = 0) -> tuple[Any, dict]:

@@ -106,6 +106,38 @@ def test_latency_budget_forces_pruning(mnv2_stats):
         choose(None, b, t, budgets, stats=mnv2_stats, use_calibration=False, prunable=False)
 
 
+def test_pruned_candidates_only_where_prune_can_rebuild_the_model(digits, tmp_path):
+    """A .pt2 or TorchScript file has no nn.Module left to prune: the planner offers no pruned build
+    (one it could not make) and says why; the same network as a factory gets pruned candidates."""
+    import torch
+
+    import plan_nets
+    from edgekit.ingest import load_model
+    from edgekit.prune import can_prune
+
+    b, shape = load_board("jetson-nano-4gb"), ["1,1,8,8"]
+    ts = tmp_path / "digits.pt"
+    torch.jit.save(torch.jit.trace(plan_nets.digits(), torch.zeros(1, 1, 8, 8)), str(ts))
+    factory = choose("plan_nets:digits", b, "jetson", input_shape=shape, use_calibration=False)
+    assert {s.estimate.candidate.prune_ratio for s in factory.candidates} == {0.0, 0.25, 0.5}
+    assert not factory.notes and can_prune(load_model("plan_nets:digits", shape))
+    full = _est(factory.stats, b, "fp16", "5W")
+    pruned = _est(factory.stats, b, "fp16", "5W", prune_ratio=0.25)
+    # a storage budget only a pruned build meets (the nano has no int8)
+    budgets = Budgets.for_board(b, storage_mb=(full.storage_mb + pruned.storage_mb) / 2)
+    assert choose("plan_nets:digits", b, "jetson", budgets, input_shape=shape,
+                  use_calibration=False).candidate.prune_ratio == 0.25
+    for model, kind in ((str(digits["model"]), "exported_program"), (str(ts), "torchscript")):
+        m = load_model(model, shape)
+        assert m.kind == kind and not can_prune(m)
+        p = choose(model, b, "jetson", input_shape=shape, use_calibration=False)
+        assert p.candidates and all(s.estimate.candidate.prune_ratio == 0 for s in p.candidates), kind
+        assert any(f"(kind {kind}: no nn.Module left)" in n and "pkg.module:factory" in n for n in p.notes), p.notes
+        with pytest.raises(PlanError, match="storage budget") as exc:  # not a pruned choice refine cannot build
+            choose(model, b, "jetson", budgets, input_shape=shape, use_calibration=False)
+        assert "pkg.module:factory" in str(exc.value)
+
+
 def test_impossible_budget_fails_with_reason_and_amount(digits_stats):
     b = load_board("jetson-orin-nano-8gb")
     best = min(_est(digits_stats, b, "int8", m, prune_ratio=0.5).latency_ms for m in b.power_modes)
