@@ -136,7 +136,9 @@ class Transport:
         out: dict[str, str | None] = {p: None for p in paths}
         if not paths:
             return out
-        _rc, text = self.run(["sha256sum", "--", *paths])  # non-zero when some file is missing
+        # non-zero when some file is missing; its complaint goes to stderr, which transports merge into
+        # the output: keep it out so that it can never split a digest line
+        _rc, text = self.run(["sh", "-c", 'sha256sum -- "$@" 2>/dev/null', "sh", *paths])
         for line in text.splitlines():
             digest, sep, name = line.partition("  ")
             if sep and name in out and len(digest) == 64:
