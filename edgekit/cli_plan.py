@@ -102,7 +102,7 @@ def calibrate(
     precision: Annotated[list[str] | None, typer.Option("--precision", "-p", help="precisions to time (repeatable)")] = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
-    """Measure real latency (host: onnxruntime on this CPU), fit the board's efficiency factors, store them."""
+    """Measure real latency (host: onnxruntime on this CPU), fit the board's cost-model constants, store them."""
     from edgekit.calibrate import calibrate as run, store_path
     from edgekit.errors import InputSpecError
 
@@ -118,7 +118,11 @@ def calibrate(
         return
     console.print(f"fitted {store['board']} on {f['samples']} measurement(s) "
                   f"({f['results_store_samples']} from the results store): launch overhead {f['launch_overhead_us']:.1f} us, "
-                  "efficiency " + ", ".join(f"{k} {v:.4g}" for k, v in f["efficiency"].items()))
+                  f"bandwidth x{f['bandwidth_factor']:.3g}")
+    for key in ("efficiency", "class_efficiency", "activation_passes"):
+        if f.get(key):
+            console.print(f"  {key}: " + ", ".join(f"{k} {v:.3g}" for k, v in sorted(f[key].items())))
+    console.print(f"  fitted: {', '.join(f['fitted'])} (the rest stays at the profile's values)")
     console.print(f"median |estimate - measured| / measured: {f['median_abs_error_before']:.1%} before, "
                   f"{f['median_abs_error_after']:.1%} after")
     console.print(f"stored: {store_path(store['board'])} (later plans for this board use it; --no-calibration ignores it)")
