@@ -50,10 +50,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_firmware
+
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
+from edgekit.tflite_graph import TFLiteGraph, text
 
 PRIMARY = "model.tflite"
 EXTRA = "android"
@@ -139,38 +140,21 @@ def _quantizer(dynamic: bool):
 def audit(path: Path, float_io_ok: bool = False) -> dict[str, Any]:
     """Every op of the .tflite with its tensor types; float ops, TRANSPOSEs and where they sit.
     With ``float_io_ok``, the QUANTIZE at an input and the DEQUANTIZE at an output are not float ops."""
-    s = require("ai_edge_litert.schema_py_generated", EXTRA)
-    model = s.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
-    op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
-    type_names = {v: k for k, v in vars(s.TensorType).items() if not k.startswith("_")}
-    sg = model.subgraphs[0]
-    graph_in, graph_out = set(sg.inputs), set(sg.outputs)
-
-    def tname(i: int) -> str:
-        t = sg.tensors[i].name
-        return t.decode(errors="replace") if isinstance(t, bytes) else str(t)
-
+    g = TFLiteGraph(path)
+    graph_in, graph_out = set(g.sg.inputs), set(g.sg.outputs)
     ops, counts = [], {}
-    for k, op in enumerate(sg.operators):
-        oc = model.operatorCodes[op.opcodeIndex]
-        name = op_names.get(max(oc.builtinCode, oc.deprecatedBuiltinCode), "CUSTOM")
-        if name == "CUSTOM" and oc.customCode:
-            name = f"CUSTOM:{oc.customCode.decode() if isinstance(oc.customCode, bytes) else oc.customCode}"
-        ins = [i for i in (op.inputs if op.inputs is not None else []) if i >= 0]
-        outs = list(op.outputs if op.outputs is not None else [])
-        # constant inputs (weights, biases, shapes) have a buffer; activations do not
-        act_ins = [i for i in ins if not _is_const(model, sg, i)]
-        types = sorted({type_names[sg.tensors[i].type] for i in act_ins + outs})
+    for k, (name, ins, outs) in enumerate(g.operators()):
+        act_ins = [i for i in ins if not g.is_const(i)]
+        types = sorted({g.type_name(i) for i in act_ins + outs})
         counts[name] = counts.get(name, 0) + 1
-        ops.append({"index": k, "op": name, "types": types, "node": tname(outs[0]) if outs else "",
+        ops.append({"index": k, "op": name, "types": types, "node": g.tensor_name(outs[0]) if outs else "",
                     "at_input": any(i in graph_in for i in ins), "at_output": any(o in graph_out for o in outs)})
     float_ops = [o for o in ops if set(o["types"]) & _FLOAT_TYPES
                  and not (float_io_ok and ((o["op"] == "QUANTIZE" and o["at_input"])
                                            or (o["op"] == "DEQUANTIZE" and o["at_output"])))]
     transposes = [o for o in ops if o["op"] == "TRANSPOSE"]
     edge = [o for o in transposes if o["at_input"] or o["at_output"]]
-    io_t = {"inputs": [_tensor_info(sg.tensors[i], type_names) for i in sg.inputs],
-            "outputs": [_tensor_info(sg.tensors[i], type_names) for i in sg.outputs]}
+    io_t = {"inputs": [_tensor_info(g, i) for i in g.sg.inputs], "outputs": [_tensor_info(g, i) for i in g.sg.outputs]}
     return {
         "ops": ops, "op_counts": counts, "float_ops": float_ops,
         "transpose": {"total": len(transposes), "at_edges": len(edge), "interior": len(transposes) - len(edge)},
@@ -180,20 +164,12 @@ def audit(path: Path, float_io_ok: bool = False) -> dict[str, Any]:
     }
 
 
-def _is_const(model, sg, i: int) -> bool:
-    b = sg.tensors[i].buffer
-    if not 0 < b < len(model.buffers):
-        return False
-    buf = model.buffers[b]
-    return (buf.data is not None and len(buf.data) > 0) or bool(getattr(buf, "size", 0))
-
-
-def _tensor_info(t, type_names) -> dict[str, Any]:
+def _tensor_info(g: TFLiteGraph, i: int) -> dict[str, Any]:
+    t = g.sg.tensors[i]
     q = t.quantization
     scale = [float(x) for x in q.scale] if q is not None and q.scale is not None else []
     zp = [int(x) for x in q.zeroPoint] if q is not None and q.zeroPoint is not None else []
-    name = t.name.decode(errors="replace") if isinstance(t.name, bytes) else str(t.name)
-    return {"name": name, "dtype": type_names[t.type].lower(), "shape": [int(d) for d in t.shape],
+    return {"name": g.tensor_name(i), "dtype": g.type_name(i).lower(), "shape": [int(d) for d in t.shape],
             "scale": scale[0] if len(scale) == 1 else (scale or None),
             "zero_point": zp[0] if len(zp) == 1 else (zp or None)}
 
@@ -210,10 +186,8 @@ def float_io(path: Path) -> int:
     "--io float" build). Returns the number of edges changed. Rewrites ``path``."""
     import copy
 
-    flatbuffers = require("flatbuffers", EXTRA)
-    s = require("ai_edge_litert.schema_py_generated", EXTRA)
-    model = s.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
-    sg = model.subgraphs[0]
+    g = TFLiteGraph(path)
+    s, model, sg = g.schema, g.model, g.sg
 
     def opcode(code: int, version: int) -> int:
         for i, oc in enumerate(model.operatorCodes):
@@ -228,7 +202,7 @@ def float_io(path: Path) -> int:
     def float_twin(i: int) -> int:
         t = copy.deepcopy(sg.tensors[i])
         t.type, t.quantization = s.TensorType.FLOAT32, None
-        t.name = (t.name.decode() if isinstance(t.name, bytes) else str(t.name)) + "_float"
+        t.name = text(t.name) + "_float"
         buf = s.BufferT()
         model.buffers.append(buf)
         t.buffer = len(model.buffers) - 1
@@ -258,9 +232,7 @@ def float_io(path: Path) -> int:
     for sig in model.signatureDefs or []:
         for tm in list(sig.inputs or []) + list(sig.outputs or []):
             tm.tensorIndex = remap.get(tm.tensorIndex, tm.tensorIndex)
-    b = flatbuffers.Builder(1024)
-    b.Finish(model.Pack(b), file_identifier=b"TFL3")
-    Path(path).write_bytes(bytes(b.Output()))
+    g.save(path)
     return len(remap)
 
 
@@ -585,20 +557,10 @@ def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_d
 
 def _float_weights(path: Path) -> list[str]:
     """Names of the float32 weight tensors (input 1 of conv / fully-connected ops) in a .tflite."""
-    s = require("ai_edge_litert.schema_py_generated", EXTRA)
-    model = s.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
-    op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
-    sg = model.subgraphs[0]
-    out = []
-    for op in sg.operators:
-        oc = model.operatorCodes[op.opcodeIndex]
-        name = op_names.get(max(oc.builtinCode, oc.deprecatedBuiltinCode), "")
-        if name in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV") and op.inputs is not None \
-                and len(op.inputs) > 1 and op.inputs[1] >= 0:
-            t = sg.tensors[op.inputs[1]]
-            if t.type == s.TensorType.FLOAT32 and _is_const(model, sg, op.inputs[1]):
-                out.append(t.name.decode(errors="replace") if isinstance(t.name, bytes) else str(t.name))
-    return out
+    g = TFLiteGraph(path)
+    return [g.tensor_name(ins[1]) for name, ins, _ in g.operators()
+            if name in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV") and len(ins) > 1
+            and g.type_name(ins[1]) == "FLOAT32" and g.is_const(ins[1])]
 
 
 def _sig_name(name: str, i: int) -> str:
@@ -645,16 +607,14 @@ def _order_io(path: Path, input_names: list[str], n_outputs: int) -> None:
     ``path`` only when the order differs (multi-input / multi-output models)."""
     if len(input_names) < 2 and n_outputs < 2:
         return
-    flatbuffers = require("flatbuffers", EXTRA)
-    s = require("ai_edge_litert.schema_py_generated", EXTRA)
-    model = s.ModelT.InitFromPackedBuf(path.read_bytes(), 0)
-    sg = model.subgraphs[0]
-    sig = (model.signatureDefs or [None])[0]
+    g = TFLiteGraph(path)
+    sg = g.sg
+    sig = (g.model.signatureDefs or [None])[0]
     if sig is None:
         return
 
     def by_name(tms) -> dict[str, int]:
-        return {(t.name.decode() if isinstance(t.name, bytes) else str(t.name)): int(t.tensorIndex) for t in tms or []}
+        return {text(t.name): int(t.tensorIndex) for t in tms or []}
 
     ins, outs = by_name(sig.inputs), by_name(sig.outputs)
     want_in = [ins[n] for n in input_names if n in ins]
@@ -666,9 +626,7 @@ def _order_io(path: Path, input_names: list[str], n_outputs: int) -> None:
     if len(want_out) == len(sg.outputs) and want_out != [int(i) for i in sg.outputs]:
         sg.outputs, changed = want_out, True
     if changed:
-        b = flatbuffers.Builder(1024)
-        b.Finish(model.Pack(b), file_identifier=b"TFL3")
-        path.write_bytes(bytes(b.Output()))
+        g.save(path)
 
 
 @contextlib.contextmanager

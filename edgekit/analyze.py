@@ -12,6 +12,8 @@ hold at once — not the sum of all tensors.
 
 from __future__ import annotations
 
+import json
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,12 @@ import numpy as np
 from edgekit.deps import require
 
 DTYPE_BYTES = {1: 4, 10: 2, 11: 8, 7: 8, 6: 4, 5: 2, 4: 2, 3: 1, 2: 1, 9: 1, 16: 2}
-WEIGHT_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+ONNX_WEIGHT_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
+TFLITE_WEIGHT_OPS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", "CONV_3D", "BATCH_MATMUL"}
+WEIGHT_OPS = ONNX_WEIGHT_OPS | TFLITE_WEIGHT_OPS  # layers of either graph (ONNX op types, TFLite builtins)
+# op classes the cost model gives their own efficiency (edgekit.costmodel)
+CONV_OPS = {"Conv", "ConvTranspose", "CONV_2D", "CONV_3D", "TRANSPOSE_CONV"}
+GEMM_OPS = {"Gemm", "MatMul", "FULLY_CONNECTED", "BATCH_MATMUL"}
 
 
 @dataclass
@@ -33,6 +40,15 @@ class LayerStats:
     output_shape: list[int]
     activation_bytes: int
     groups: int = 1  # Conv groups (> 1: grouped / depthwise; the cost model's "dwconv" class)
+
+    @property
+    def op_class(self) -> str:
+        """conv | dwconv | gemm | other (no MACs): which efficiency the cost model runs the layer at."""
+        if self.op == "DEPTHWISE_CONV_2D" or (self.op in CONV_OPS and self.groups > 1):
+            return "dwconv"
+        if self.op in CONV_OPS:
+            return "conv"
+        return "gemm" if self.op in GEMM_OPS else "other"
 
 
 @dataclass
@@ -82,9 +98,6 @@ def analyze_model(model: Any, work_dir: Path, target: Any = None, opset: int | N
     name = target.name if target is not None else None
     if model.is_tf:
         from edgekit.converters.tflite import tf_convert
-
-        import json
-        import time
 
         path = Path(work_dir) / "float.tflite"
         t0 = time.perf_counter()
@@ -156,7 +169,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
                 if k <= 1:
                     continue
                 p += k
-                if n.op_type in WEIGHT_OPS and j == 1:
+                if n.op_type in ONNX_WEIGHT_OPS and j == 1:
                     weight_params += k
                 else:
                     other_params += k
@@ -175,9 +188,10 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
             )
         )
 
-    peak, total = _liveness(g, weight_names, nbytes)
-    init_names = set(inits)
-    input_bytes = sum(nbytes(i.name) for i in g.input if i.name not in init_names)
+    graph_inputs = [i.name for i in g.input if i.name not in weight_names]
+    steps = [([i for i in n.input if i and i not in weight_names], [o for o in n.output if o and o not in weight_names])
+             for n in g.node if n.op_type != "Constant"]
+    peak, total = _liveness(steps, graph_inputs, {o.name for o in g.output}, nbytes)
     unsupported = []
     if supported_ops is not None:
         allowed = set(supported_ops)
@@ -185,6 +199,13 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
             key = n.op_type if not n.domain or n.domain == "ai.onnx" else f"{n.domain}::{n.op_type}"
             if key not in allowed:
                 unsupported.append({"op": key, "node": n.name or "(unnamed)"})
+    return _model_stats(layers, weight_params, other_params, peak, total, sum(nbytes(i) for i in graph_inputs),
+                        ops, unsupported, target)
+
+
+def _model_stats(layers: list[LayerStats], weight_params: int, other_params: int, peak: int, total: int,
+                 input_bytes: int, ops: dict[str, int], unsupported: list[dict[str, str]],
+                 target: str | None) -> ModelStats:
     return ModelStats(
         params=weight_params + other_params,
         macs=sum(layer.macs for layer in layers),
@@ -225,31 +246,25 @@ def _macs(n, shapes, numel, numpy_helper) -> int:
     return 0
 
 
-def _liveness(g, weight_names: set[str], nbytes) -> tuple[int, int]:
-    """Peak and total bytes of activations (inputs and intermediates, not weights)."""
-    last_use: dict[str, int] = {}
-    for i, n in enumerate(g.node):
-        for inp in n.input:
-            if inp and inp not in weight_names:
-                last_use[inp] = i
-    outputs = {o.name for o in g.output}
-    live: dict[str, int] = {}
-    for vi in g.input:
-        if vi.name not in weight_names:
-            live[vi.name] = nbytes(vi.name)
-    peak = sum(live.values())
-    total = peak
-    for i, n in enumerate(g.node):
-        if n.op_type == "Constant":
-            continue
-        for o in n.output:
-            if o and o not in weight_names:
-                live[o] = nbytes(o)
-                total += live[o]
+def _liveness(steps: list[tuple[list[Any], list[Any]]], graph_inputs: list[Any], graph_outputs: set[Any],
+              nbytes) -> tuple[int, int]:
+    """Peak and total bytes of activations. ``steps``: each node's (activation inputs, activation
+    outputs) in execution order, weights and constants left out; a tensor is live from the step
+    that makes it (graph inputs: from the start) to its last reader, graph outputs to the end."""
+    last_use: dict[Any, int] = {}
+    for k, (ins, _) in enumerate(steps):
+        for i in ins:
+            last_use[i] = k
+    live = {i: nbytes(i) for i in graph_inputs}
+    peak = total = sum(live.values())
+    for k, (_, outs) in enumerate(steps):
+        for o in outs:
+            live[o] = nbytes(o)
+            total += live[o]
         peak = max(peak, sum(live.values()))
-        for name in list(live):
-            if name not in outputs and last_use.get(name, -1) <= i:
-                del live[name]
+        for t in list(live):
+            if t not in graph_outputs and last_use.get(t, -1) <= k:
+                del live[t]
     return peak, total
 
 
@@ -257,7 +272,6 @@ def _liveness(g, weight_names: set[str], nbytes) -> tuple[int, int]:
 
 TFLITE_TYPE_BYTES = {"FLOAT32": 4, "FLOAT16": 2, "FLOAT64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4,
                      "INT64": 8, "BOOL": 1}
-TFLITE_WEIGHT_OPS = {"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV", "CONV_3D", "BATCH_MATMUL"}
 
 
 def analyze_tflite(path: Path, supported_ops: list[str] | None = None, target: str | None = None) -> ModelStats:
@@ -269,102 +283,52 @@ def analyze_tflite(path: Path, supported_ops: list[str] | None = None, target: s
     TRANSPOSE_CONV; biases and other constants count as other parameters); int32/int64
     constants (shapes, axes) are not parameters.
     """
-    s = require("ai_edge_litert.schema_py_generated", "android")
-    model = s.ModelT.InitFromPackedBuf(Path(path).read_bytes(), 0)
-    op_names = {v: k for k, v in vars(s.BuiltinOperator).items() if not k.startswith("_")}
-    type_names = {v: k for k, v in vars(s.TensorType).items() if not k.startswith("_")}
-    sg = model.subgraphs[0]
+    from edgekit.tflite_graph import TFLiteGraph
 
-    def tensor_name(i: int) -> str:
-        t = sg.tensors[i].name
-        return t.decode(errors="replace") if isinstance(t, bytes) else str(t)
+    g = TFLiteGraph(path)
 
     def dims(i: int) -> list[int]:
-        return [int(d) for d in sg.tensors[i].shape] if sg.tensors[i].shape is not None else []
+        return [int(d) for d in g.sg.tensors[i].shape] if g.sg.tensors[i].shape is not None else []
 
     def numel(i: int) -> int:
         return int(np.prod(dims(i), dtype=np.int64)) if dims(i) else 1
 
     def nbytes(i: int) -> int:
-        return numel(i) * TFLITE_TYPE_BYTES.get(type_names.get(sg.tensors[i].type, ""), 4)
+        return numel(i) * TFLITE_TYPE_BYTES.get(g.type_name(i), 4)
 
-    def is_const(i: int) -> bool:
-        b = sg.tensors[i].buffer
-        if not 0 < b < len(model.buffers):
-            return False
-        buf = model.buffers[b]
-        return (buf.data is not None and len(buf.data) > 0) or bool(getattr(buf, "size", 0))
-
-    n_tensors = len(sg.tensors)
-    const = {i for i in range(n_tensors) if is_const(i)}
+    const = {i for i in range(len(g.sg.tensors)) if g.is_const(i)}
     counted: set[int] = set()
     layers: list[LayerStats] = []
     ops: dict[str, int] = {}
     unsupported: list[dict[str, str]] = []
     allowed = set(supported_ops) if supported_ops is not None else None
     weight_params = other_params = 0
-    op_io: list[tuple[list[int], list[int]]] = []
-    for k, op in enumerate(sg.operators):
-        oc = model.operatorCodes[op.opcodeIndex]
-        name = op_names.get(max(oc.builtinCode, oc.deprecatedBuiltinCode), "CUSTOM")
-        if name == "CUSTOM" and oc.customCode:
-            name = f"CUSTOM:{oc.customCode.decode() if isinstance(oc.customCode, bytes) else oc.customCode}"
-        ins = [int(i) for i in (op.inputs if op.inputs is not None else []) if i >= 0]
-        outs = [int(o) for o in (op.outputs if op.outputs is not None else [])]
-        op_io.append((ins, outs))
+    steps: list[tuple[list[int], list[int]]] = []
+    for k, (name, ins, outs) in enumerate(g.operators()):
+        steps.append(([i for i in ins if i not in const], [o for o in outs if o not in const]))
         ops[name] = ops.get(name, 0) + 1
         p = 0
         for j, i in enumerate(ins):
             if i not in const or i in counted:
                 continue
             counted.add(i)
-            if type_names.get(sg.tensors[i].type) in ("INT32", "INT64", "BOOL") or numel(i) <= 1:
+            if g.type_name(i) in ("INT32", "INT64", "BOOL") or numel(i) <= 1:
                 continue
             p += numel(i)
             if name in TFLITE_WEIGHT_OPS and j == 1:
                 weight_params += numel(i)
             else:
                 other_params += numel(i)
-        node = tensor_name(outs[0]) if outs else f"{name}_{k}"
+        node = g.tensor_name(outs[0]) if outs else f"{name}_{k}"
         layers.append(LayerStats(name=node, op=name, params=p, macs=_tflite_macs(name, ins, outs, dims, numel),
                                  output_shape=dims(outs[0]) if outs else [],
                                  activation_bytes=sum(nbytes(o) for o in outs)))
         if allowed is not None and name not in allowed:
             unsupported.append({"op": name, "node": node})
-
-    # liveness over the operators in execution order (as in _liveness for ONNX)
-    last_use: dict[int, int] = {}
-    for k, (ins, _) in enumerate(op_io):
-        for i in ins:
-            if i not in const:
-                last_use[i] = k
-    graph_out = {int(o) for o in sg.outputs}
-    live = {int(i): nbytes(int(i)) for i in sg.inputs}
-    peak = total = sum(live.values())
-    input_bytes = total
-    for k, (_, outs) in enumerate(op_io):
-        for o in outs:
-            if o not in const:
-                live[o] = nbytes(o)
-                total += live[o]
-        peak = max(peak, sum(live.values()))
-        for t in list(live):
-            if t not in graph_out and last_use.get(t, -1) <= k:
-                del live[t]
-    return ModelStats(
-        params=weight_params + other_params,
-        macs=sum(layer.macs for layer in layers),
-        weight_params=weight_params,
-        other_params=other_params,
-        weight_bytes=weight_bytes_per_precision(weight_params, other_params),
-        peak_activation_bytes=peak,
-        total_activation_bytes=total,
-        input_bytes=input_bytes,
-        layers=layers,
-        ops=dict(sorted(ops.items())),
-        unsupported=unsupported,
-        target=target,
-    )
+    graph_inputs = [int(i) for i in g.sg.inputs]
+    peak, total = _liveness(steps, graph_inputs, {int(o) for o in g.sg.outputs}, nbytes)
+    return _model_stats(layers, weight_params, other_params, peak, total, sum(nbytes(i) for i in graph_inputs),
+                        ops, unsupported, target)
 
 
 def _tflite_macs(op: str, ins: list[int], outs: list[int], dims, numel) -> int:

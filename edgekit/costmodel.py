@@ -14,7 +14,7 @@ candidate uses 2:4 sparsity) + peak live activations at the activation precision
 ``max(compute, memory) + launch x (1 + passes) + passes x output bytes / bandwidth`` where
 ``compute = 2 * MACs / (peak_tops[precision] at the power mode * efficiency[precision] * class_efficiency[class])``
 and ``memory = (weight bytes + input and output activation bytes) / memory_bandwidth_gbps``.
-The op class (:func:`op_class`) is ``conv`` (dense convolution, the reference: factor 1),
+The op class (:attr:`edgekit.analyze.LayerStats.op_class`) is ``conv`` (dense convolution, the reference: factor 1),
 ``dwconv`` (grouped / depthwise: few MACs per byte, far below peak on every runtime) or
 ``gemm`` (Gemm / MatMul / fully connected: at batch 1 a matrix-vector product, memory-bound).
 ``passes`` (``activation_passes[precision]``, default 0) are the extra elementwise kernels a
@@ -64,9 +64,6 @@ TENSOR_CORE_PRECISIONS = ("fp16", "int8", "int8-weight", "int4-weight")
 # metadata changes: no launch of their own
 FUSED_OPS = frozenset({"Relu", "Clip", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Tanh", "Gelu",
                        "BatchNormalization", "Identity", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Dropout"})
-# op classes (ONNX op types and TFLite builtins, for Keras input analyzed as TFLite)
-CONV_OPS = frozenset({"Conv", "ConvTranspose", "CONV_2D", "CONV_3D", "TRANSPOSE_CONV"})
-GEMM_OPS = frozenset({"Gemm", "MatMul", "FULLY_CONNECTED", "BATCH_MATMUL"})
 
 
 @dataclass(frozen=True)
@@ -156,17 +153,6 @@ def compute_precision(board: Board, precision: str) -> str:
     return _float_compute_precision(board)
 
 
-def op_class(layer: Any) -> str:
-    """conv | dwconv | gemm | other (no MACs): which efficiency a layer's compute runs at."""
-    if layer.op in CONV_OPS:
-        return "dwconv" if getattr(layer, "groups", 1) > 1 else "conv"
-    if layer.op == "DEPTHWISE_CONV_2D":
-        return "dwconv"
-    if layer.op in GEMM_OPS:
-        return "gemm"
-    return "other"
-
-
 def class_efficiency(board: Board, cls: str) -> float:
     return board.class_efficiency.get(cls, 1.0)
 
@@ -221,7 +207,7 @@ def layer_terms(stats: ModelStats, board: Board, cand: Candidate) -> list[LayerT
             tops *= 2
         fused = lay.op in FUSED_OPS
         out.append(LayerTerms(
-            name=lay.name, op=lay.op, op_class=op_class(lay), precision=prec, macs=macs, weight_bytes=wbytes,
+            name=lay.name, op=lay.op, op_class=lay.op_class, precision=prec, macs=macs, weight_bytes=wbytes,
             compute_ms_eff1=2 * macs / (tops * 1e12) * 1e3 if macs else 0.0,
             memory_ms=0.0 if fused else (wbytes + prev_act * act_scale + out_act) / bw * 1e3,
             pass_ms=0.0 if fused else out_act / bw * 1e3, launches=0 if fused else 1))

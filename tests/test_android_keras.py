@@ -129,6 +129,20 @@ def test_fp32_matches_tensorflow(kd, tmp_path, key):
     assert a["ops"] == {"CONV_2D": 2, "FULLY_CONNECTED": 1, "RESHAPE": 1}
 
 
+def test_plan_estimates_keras_layers_at_each_precision(kd):
+    """The cost model counts the float .tflite's CONV_2D / FULLY_CONNECTED layers as weight layers."""
+    from edgekit.costmodel import Candidate, estimate
+    from edgekit.planner import analyze_model
+    from edgekit.profiles import load_board, load_target
+
+    _, stats = analyze_model(str(kd["keras"]), load_target("android"))
+    assert [lay.op_class for lay in stats.layers] == ["conv", "conv", "other", "gemm"]
+    b = load_board("pixel-8")
+    storage = {p: estimate(stats, b, Candidate(p, b.default_power_mode)).storage_mb for p in ("fp32", "int8")}
+    assert storage["fp32"] == pytest.approx(4 * 9930 / 1e6)
+    assert storage["int8"] == pytest.approx(storage["fp32"] / 4)
+
+
 def test_bundle_runner_on_host(keras_int8):
     out = keras_int8.out_dir
     assert {"model.tflite", "run.py", "golden.npz"} <= set(keras_int8.manifest["files"])

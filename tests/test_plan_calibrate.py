@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from edgekit.costmodel import Candidate, estimate, op_class
+from edgekit.costmodel import Candidate, estimate
 from edgekit.planner import choose
 from edgekit.profiles import load_board, load_target
 
@@ -61,7 +61,7 @@ def test_host_board_peak_is_this_machine():
 
 
 def test_depthwise_and_gemm_layers_have_their_own_efficiency(mnv2_stats):
-    classes = {op_class(layer) for layer in mnv2_stats.layers}
+    classes = {layer.op_class for layer in mnv2_stats.layers}
     assert {"conv", "dwconv", "gemm"} <= classes
     b = load_board("host")
     cand = Candidate("fp32", b.default_power_mode)
