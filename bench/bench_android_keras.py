@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -21,33 +22,14 @@ from pathlib import Path
 
 def train(out: Path, epochs: int) -> dict[str, Path]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import keras
-    import numpy as np
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from keras_digits import train_and_save
 
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[..., None]
-    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target, test_size=0.25, random_state=0, stratify=d.target)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((8, 8, 1), name="image"),
-        keras.layers.Conv2D(16, 3, padding="same"), keras.layers.BatchNormalization(), keras.layers.ReLU(),
-        keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
-        keras.layers.Flatten(), keras.layers.Dense(10),
-    ])
-    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     t0 = time.perf_counter()
-    model.fit(x_tr, y_tr, epochs=epochs, batch_size=64, verbose=0)
+    kd = train_and_save(out, epochs)
     print(f"trained {epochs} epochs in {time.perf_counter() - t0:.1f} s; "
-          f"params {model.count_params()} (Keras count, BatchNorm included)")
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {".keras": out / "digits.keras", "SavedModel": out / "digits_sm"}
-    model.save(paths[".keras"])
-    model.export(str(paths["SavedModel"]), verbose=False)
-    np.savez(out / "calib.npz", image=x_tr[:200])
-    np.savez(out / "eval.npz", image=x_te, label=y_te)
-    return paths
+          f"params {kd['params']} (Keras count, BatchNorm included)")
+    return {".keras": kd["keras"], "SavedModel": kd["saved_model"]}
 
 
 def main() -> None:

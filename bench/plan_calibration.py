@@ -58,7 +58,8 @@ def main() -> None:
             args.save.write_text(json.dumps({"train": train, "test": test}))
     start = constants(board)
     f = fit(train, start)
-    print(f"host: {detect().describe()}")
+    cpu = detect()
+    print(f"host: {cpu.describe() if cpu else 'CPU not readable here (no /proc/cpuinfo): host.toml figures'}")
     print(f"fit on {len(train)} measurements of the micro-benchmarks + digits (held-out models never seen):")
     for k in ("efficiency", "class_efficiency", "activation_passes"):
         print(f"  {k:<18} profile {_fmt(start[k])}  ->  fitted {_fmt(f[k])}")

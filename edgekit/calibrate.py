@@ -23,6 +23,7 @@ else platformdirs' user data dir) and applied by :func:`edgekit.costmodel.calibr
 
 from __future__ import annotations
 
+import copy
 import json
 import tempfile
 import time
@@ -174,13 +175,12 @@ def time_onnx(paths: list[Path], feeds: list[dict[str, np.ndarray]], iterations:
     return best
 
 
-def layer_terms(stats, board, precision: str) -> dict[str, Any]:
-    """The cost model's per-layer terms (what the fit scales) and its current estimate."""
-    from edgekit.costmodel import Candidate, estimate
-    from edgekit.costmodel import layer_terms as terms_of
+def sample_terms(stats, board, precision: str) -> dict[str, Any]:
+    """A sample's record of the cost model's per-layer terms (what the fit scales) and its current estimate."""
+    from edgekit.costmodel import Candidate, estimate, layer_terms
 
     cand = Candidate(precision, board.default_power_mode)
-    ts = terms_of(stats, board, cand)
+    ts = layer_terms(stats, board, cand)
     return {"terms": {"class": [t.op_class for t in ts], "compute_ms_eff1": [t.compute_ms_eff1 for t in ts],
                       "memory_ms": [t.memory_ms for t in ts], "pass_ms": [t.pass_ms for t in ts],
                       "launches": [t.launches for t in ts]},
@@ -211,7 +211,7 @@ def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | Non
                 tag = f"@{shape[0]}" if shape else ""
                 samples.append({"model": str(model) + (f" {tag}" if tag else ""),
                                 "model_sha256": res.manifest["source_model"]["sha256"] + tag,
-                                "precision": prec, "source": "calibrate", **layer_terms(res.stats, board, prec)})
+                                "precision": prec, "source": "calibrate", **sample_terms(res.stats, board, prec)})
                 log(f"built [{len(samples)}/{len(models) * len(precisions)}] {Path(str(model)).name} {tag} {prec}")
         times = time_onnx(paths, feeds, iterations, log=log)
     at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -257,12 +257,11 @@ def predict(sample: dict[str, Any], consts: dict[str, Any], default_eff: float =
                  + passes * np.sum(t["pass_ms"]) / bwf)
 
 
-def fit(samples: list[dict[str, Any]], start: dict[str, Any], free: set[str] | None = None) -> dict[str, Any]:
+def fit(samples: list[dict[str, Any]], start: dict[str, Any]) -> dict[str, Any]:
     """Constants minimising mean |log(estimate / measured)| (+ a weak pull towards ``start``).
 
-    ``free`` limits which kinds of constants move ("efficiency", "class_efficiency",
-    "activation_passes", "launch_overhead_us", "bandwidth_factor"); default: every one the
-    samples can inform. A precision / op class that no sample has stays at ``start``.
+    Every constant the samples can inform moves; with whole-model samples only (no per-layer
+    terms) that is the efficiency alone. A precision / op class that no sample has stays at ``start``.
     """
     from edgekit.deps import require
 
@@ -271,8 +270,8 @@ def fit(samples: list[dict[str, Any]], start: dict[str, Any], free: set[str] | N
     if not samples:
         raise ValueError("no samples to fit")
     layered = any(np.sum(s["terms"]["launches"]) for s in samples)
-    free = free or ({"efficiency", "class_efficiency", "activation_passes", "launch_overhead_us", "bandwidth_factor"}
-                    if layered else {"efficiency"})
+    free = ({"efficiency", "class_efficiency", "activation_passes", "launch_overhead_us", "bandwidth_factor"}
+            if layered else {"efficiency"})
     precs = sorted({s["precision"] for s in samples})
     # an op class is fitted only where it carries a real share of some sample's compute
     classes = sorted({c for s in samples for c in ("dwconv", "gemm")
@@ -294,7 +293,7 @@ def fit(samples: list[dict[str, Any]], start: dict[str, Any], free: set[str] | N
               "launch_overhead_us": (0.0, 1000.0), "bandwidth_factor": (0.05, 50.0)}
 
     def unpack(x: np.ndarray) -> dict[str, Any]:
-        c = json.loads(json.dumps(start))
+        c = copy.deepcopy(start)
         for (k, sub), v in zip(keys, x):
             lo, hi = bounds[k]
             val = float(np.clip(np.exp(v) - floor.get(k, 0.0), lo, hi))
@@ -317,7 +316,7 @@ def fit(samples: list[dict[str, Any]], start: dict[str, Any], free: set[str] | N
         r = optimize.minimize(loss, xs, method="Powell", options={"maxiter": 20000, "xtol": 1e-4, "ftol": 1e-7})
         if best is None or r.fun < best.fun:
             best = r
-    out = unpack(best.x) if keys else json.loads(json.dumps(start))
+    out = unpack(best.x)
     out["samples"] = len(samples)
     out["fitted"] = sorted(f"{k}.{sub}" if sub else k for k, sub in keys)
     out["fitted_utc"] = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

@@ -152,8 +152,11 @@ def from_flags(flags: set[str], arch: str, family: int | None = None) -> tuple[s
 
 
 @cache
-def detect() -> HostCPU:
+def detect() -> HostCPU | None:
+    """This machine's CPU, or None where /proc/cpuinfo cannot be read (macOS, Windows)."""
     info = _cpuinfo()
+    if not info:
+        return None
     arch = platform.machine().lower()
     flags = set((info.get("flags") or info.get("Features") or "").split())
     try:

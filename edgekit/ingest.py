@@ -338,11 +338,7 @@ def _finish_torch(model: Model) -> Model:
         with torch.no_grad():
             out = model.torch_module(*[torch.from_numpy(feeds[s.name]) for s in model.inputs])
     except Exception as exc:
-        shapes = ", ".join(f"{s.name}{list(s.shape)}" for s in model.inputs)
-        raise InputSpecError(
-            f"{model.source}: the model does not run on inputs {shapes} "
-            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); check --input-shape"
-        ) from None
+        raise _does_not_run(model, exc, "check --input-shape") from None
     outs = _flatten(out)
     model.outputs = [
         TensorSpec(f"output_{i}" if len(outs) > 1 else "output", tuple(o.shape), str(o.dtype).replace("torch.", ""))
@@ -544,11 +540,7 @@ def _finish_tf(model: Model, call: Callable[..., Any], out_names: list[str] | No
         model.tf_function = tf.function(flat, input_signature=sig, autograph=False).get_concrete_function()
         outs = model.reference()(model.example_feeds())
     except Exception as exc:
-        shapes = ", ".join(f"{s.name}{list(s.shape)}" for s in model.inputs)
-        raise InputSpecError(
-            f"{model.source}: the model does not run on inputs {shapes} "
-            f"({type(exc).__name__}: {_first_line(exc)}); check --input-shape (NHWC for Keras)"
-        ) from None
+        raise _does_not_run(model, exc, "check --input-shape (NHWC for Keras)") from None
     names = out_names if out_names and len(out_names) == len(outs) else (
         ["output"] if len(outs) == 1 else [f"output_{i}" for i in range(len(outs))])
     model.outputs = [TensorSpec(n, tuple(o.shape), str(o.dtype)) for n, o in zip(names, outs, strict=True)]
@@ -562,6 +554,12 @@ def _clean_name(name: str | None, i: int) -> str:
 def _tf_arg_name(name: str, i: int) -> str:
     clean = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
     return clean if clean and clean[0].isalnum() else f"input_{i}"
+
+
+def _does_not_run(model: Model, exc: BaseException, fix: str) -> InputSpecError:
+    shapes = ", ".join(f"{s.name}{list(s.shape)}" for s in model.inputs)
+    return InputSpecError(f"{model.source}: the model does not run on inputs {shapes} "
+                          f"({type(exc).__name__}: {_first_line(exc)}); {fix}")
 
 
 def _first_line(exc: BaseException) -> str:

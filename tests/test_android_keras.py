@@ -26,32 +26,13 @@ from edgekit.pipeline import convert  # noqa: E402
 @pytest.fixture(scope="module")
 def kd(tmp_path_factory):
     """A Keras CNN (conv-BN-ReLU, strided conv, dense) trained 12 epochs on digits (~5 s), NHWC data."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
+    from keras_digits import train_and_save
 
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)[..., None]  # [N, 8, 8, 1]: Keras is NHWC
-    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target, test_size=0.25, random_state=0, stratify=d.target)
-    keras.utils.set_random_seed(0)
-    model = keras.Sequential([
-        keras.Input((8, 8, 1), name="image"),
-        keras.layers.Conv2D(16, 3, padding="same"), keras.layers.BatchNormalization(), keras.layers.ReLU(),
-        keras.layers.Conv2D(32, 3, strides=2, padding="same", activation="relu"),
-        keras.layers.Flatten(), keras.layers.Dense(10),
-    ])
-    model.compile(keras.optimizers.Adam(3e-3), keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x_tr, y_tr, epochs=12, batch_size=64, verbose=0)
-    acc = float(np.mean(np.argmax(model.predict(x_te, verbose=0), 1) == y_te))
-    assert acc > 0.95, acc
-    root = tmp_path_factory.mktemp("keras")
-    paths = {"keras": root / "digits.keras", "saved_model": root / "digits_sm", "calib": root / "calib.npz",
-             "eval": root / "eval.npz", "calib_nchw": root / "calib_nchw.npz"}
-    model.save(paths["keras"])
-    model.export(str(paths["saved_model"]), verbose=False)
-    np.savez(paths["calib"], image=x_tr[:200])
-    np.savez(paths["eval"], image=x_te, label=y_te)
-    np.savez(paths["calib_nchw"], image=x_tr[:200].transpose(0, 3, 1, 2))  # as examples/digits/calib.npz
-    return {**paths, "accuracy": acc}
+    kd = train_and_save(tmp_path_factory.mktemp("keras"))
+    assert kd["accuracy"] > 0.95, kd["accuracy"]
+    kd["calib_nchw"] = kd["calib"].with_name("calib_nchw.npz")  # as examples/digits/calib.npz
+    np.savez(kd["calib_nchw"], image=np.load(kd["calib"])["image"].transpose(0, 3, 1, 2))
+    return kd
 
 
 @pytest.fixture(scope="module")

@@ -57,6 +57,24 @@ def test_host_board_peak_is_this_machine():
         .power_modes["default"].peak_tops["fp32"] == 1.0
 
 
+def test_host_board_without_cpuinfo_keeps_the_profile_figures(monkeypatch):
+    import tomllib
+
+    from edgekit import hostcpu
+    from edgekit.profiles import board_files
+
+    monkeypatch.setattr(hostcpu, "_cpuinfo", lambda: {})  # macOS / Windows: no /proc/cpuinfo
+    hostcpu.detect.cache_clear()
+    try:
+        assert hostcpu.detect() is None
+        b = load_board("host")
+        toml = tomllib.loads(board_files()["host/host"].read_text())
+        assert b.power_modes["default"].peak_tops == toml["power_modes"]["default"]["peak_tops"]
+        assert b.ram_mb == toml["ram_mb"] and "detected" not in b.description
+    finally:
+        hostcpu.detect.cache_clear()
+
+
 # ---------------------------------------------------------------- op classes and activation passes
 
 
@@ -96,7 +114,7 @@ def test_activation_passes_cost_launches_and_bytes(mnv2_stats):
 
 def test_fit_recovers_the_constants_that_made_the_latencies(mnv2_stats, digits):
     """Closed loop: latencies computed by the cost model with known constants are fitted back."""
-    from edgekit.calibrate import constants, fit, layer_terms, median_abs_error, predict
+    from edgekit.calibrate import constants, fit, median_abs_error, predict, sample_terms
     from edgekit.planner import analyze_model
 
     b = load_board("host")
@@ -106,7 +124,7 @@ def test_fit_recovers_the_constants_that_made_the_latencies(mnv2_stats, digits):
     samples = []
     for stats in (mnv2_stats, digits_stats):
         for prec in ("fp32", "int8"):
-            s = {"precision": prec, "model": "m", "model_sha256": "x", **layer_terms(stats, b, prec)}
+            s = {"precision": prec, "model": "m", "model_sha256": "x", **sample_terms(stats, b, prec)}
             s["measured_latency_ms"] = predict(s, truth)
             samples.append(s)
     start = constants(b)
