@@ -32,7 +32,7 @@ PRECISION_ORDER: tuple[str, ...] = (
 )
 
 
-# op classes with their own efficiency in the cost model (edgekit.costmodel.op_class); dense
+# op classes with their own efficiency in the cost model (edgekit.analyze.LayerStats.op_class); dense
 # convolution ("conv") is the reference the precision's efficiency describes
 OpClass = Literal["dwconv", "gemm"]
 
