@@ -89,6 +89,56 @@ def load_firmware(runner: str, module: str = "run") -> Any:
     return sys.modules[name]
 
 
+# What each converter takes as ``--option key=value``: name -> (kind, what it does). Kinds: "bool", "int>=N",
+# "choice:a|b", "list" (TOML list or comma-separated names). Checked before anything runs (check_options).
+COMMON_OPTIONS: dict[str, tuple[str, str]] = {
+    "allow_float_fallback": ("bool", "build even where ops fall outside the target's list (kept float, warned)"),
+}
+OPTIONS: dict[str, dict[str, tuple[str, str]]] = {
+    "tensorrt": {"keep_float_nodes": ("list", "ONNX node names kept out of INT8 quantization")},
+    "tflite": {
+        "io": ("choice:int8|float", "int8 builds: int8 (default) or float32 input/output tensors"),
+        "layout": ("choice:nchw|nhwc", "torch models: NHWC input via to_channel_last_io"),
+        "threads": ("int>=1", "host interpreter threads for verification (default 2)"),
+    },
+    "coreml": {"weight_threshold": ("int>=0", "weights with fewer elements stay fp16 when compressing")},
+    "hls4ml": {"fpga_scales": ("choice:po2|float", "power-of-two (default) or float quantizer scales")},
+}
+
+
+def check_options(converter: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """``--option`` values checked against what the converter declares, normalised (bools, ints, lists).
+    An unknown key or a bad value is a user error naming the key and what it takes."""
+    from edgekit.errors import ConversionError
+
+    known = {**COMMON_OPTIONS, **OPTIONS.get(converter, {})}
+    out: dict[str, Any] = {}
+    for key, value in (options or {}).items():
+        if key not in known:
+            listed = ", ".join(f"{k} ({kind})" for k, (kind, _) in sorted(known.items()))
+            raise ConversionError(f"--option {key}: not an option of converter {converter!r}; it takes: {listed}")
+        kind = known[key][0]
+        bad = f"--option {key}={value}: expected "
+        if kind == "bool":
+            out[key] = flag_option({key: value}, key)
+        elif kind.startswith("int>="):
+            low = int(kind[5:])
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConversionError(bad + f"an integer >= {low}")
+            out[key] = value
+        elif kind.startswith("choice:"):
+            choices = kind[7:].split("|")
+            if str(value).lower() not in choices:
+                raise ConversionError(bad + " or ".join(choices))
+            out[key] = str(value).lower()
+        elif kind == "list":
+            items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
+            if not isinstance(items, list) or not all(isinstance(v, str) and v for v in items):
+                raise ConversionError(bad + 'node names, e.g. --option keep_float_nodes=conv1,conv2 or ["conv1"]')
+            out[key] = items
+    return out
+
+
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off", "")
 

@@ -16,17 +16,22 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import os
 import posixpath
+import re
 import shutil
+import lzma
 import tarfile
 import tempfile
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from edgekit.errors import EdgekitError
-from edgekit.fsutil import sha256_file
+from edgekit.fsutil import sha256_file, work_dir
 
 MANIFEST = "manifest.json"
 
@@ -35,17 +40,100 @@ class BundleError(EdgekitError):
     """A build or bundle that cannot be packed, unpacked or trusted."""
 
 
+MAX_MANIFEST_BYTES = 16 << 20  # an edgekit manifest is a few hundred kB at most
+MAX_BUNDLE_MB_ENV = "EDGEKIT_MAX_BUNDLE_MB"
+DEFAULT_MAX_BUNDLE_MB = 1024.0
+SCHEMA = 1
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+_PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+/)?python[0-9.]*$")
+
+
+def max_bundle_bytes(max_mb: float | None = None) -> int:
+    """The cap on a bundle's unpacked size: ``max_mb``, else ``$EDGEKIT_MAX_BUNDLE_MB``, else 1 GiB."""
+    if max_mb is None:
+        env = os.environ.get(MAX_BUNDLE_MB_ENV)
+        try:
+            max_mb = float(env) if env else DEFAULT_MAX_BUNDLE_MB
+        except ValueError:
+            raise BundleError(f"${MAX_BUNDLE_MB_ENV}={env!r}: expected a number of MB") from None
+    if not math.isfinite(max_mb) or max_mb <= 0:
+        raise BundleError(f"--max-bundle-mb {max_mb}: expected a positive number of MB")
+    return int(max_mb * (1 << 20))
+
+
+def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
+    """A manifest's bytes -> the checked manifest dict (:func:`validate_manifest`)."""
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{where}: {MANIFEST} is {len(raw) / 2**20:.1f} MiB, over the {MAX_MANIFEST_BYTES >> 20} MiB an "
+                          "edgekit manifest can be; refusing it")
+    try:
+        man = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise BundleError(f"{where}: {MANIFEST} is not valid JSON ({str(exc)[:120]}); convert the model again") from None
+    return validate_manifest(man, where)
+
+
+def validate_manifest(man: Any, where: str) -> dict[str, Any]:
+    """Check the fields that bundle, flash, smoke and results read: every path stays inside the bundle
+    (files, runner entry), the name is one plain folder name, hashes are sha256. Names the bad field."""
+
+    def bad(field: str, why: str) -> BundleError:
+        return BundleError(f"{where}: manifest field {field!r} {why}; make the build again with `edgekit convert`")
+
+    if not isinstance(man, dict):
+        raise BundleError(f"{where}: {MANIFEST} holds a JSON {type(man).__name__}, not an edgekit manifest (an object); "
+                          "make the build again with `edgekit convert`")
+    if man.get("schema") != SCHEMA:
+        raise bad("schema", f"is {man.get('schema')!r}; this edgekit reads schema {SCHEMA}")
+    name = man.get("name")
+    if not isinstance(name, str) or not _SAFE_NAME.match(name):
+        raise bad("name", f"is {str(name)[:60]!r}; it must be one plain folder name (letters, digits, . _ + -)")
+    files = man.get("files")
+    if not isinstance(files, dict) or not files:
+        raise bad("files", "is missing or empty")
+    for rel, info in files.items():
+        _check_name(rel)
+        if rel == MANIFEST:
+            raise bad(f"files.{rel}", "lists the manifest itself")
+        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not _SHA256.match(info["sha256"]):
+            raise bad(f"files.{rel}.sha256", "is missing or not a sha256 hex digest")
+        size = info.get("bytes")
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise bad(f"files.{rel}.bytes", "is missing or not a byte count")
+    board = man.get("board")
+    if not isinstance(board, dict) or not isinstance(board.get("id"), str) or not board["id"]:
+        raise bad("board.id", "is missing")
+    for key in ("target", "precision"):
+        if not isinstance(man.get(key), str):
+            raise bad(key, "is missing")
+    runner = man.get("runner", {})
+    if not isinstance(runner, dict):
+        raise bad("runner", "is not a table")
+    entry = runner.get("entry", "run.py")
+    if not isinstance(entry, str) or _check_name(entry) not in files:
+        raise bad("runner.entry", f"is {str(entry)[:60]!r}, not a file of the bundle")
+    python = runner.get("python")
+    if python is not None and (not isinstance(python, str) or not _PYTHON.match(python)):
+        raise bad("runner.python", f"is {str(python)[:60]!r}; it must name a python interpreter")
+    return man
+
+
 def read_manifest(build_dir: Path) -> dict[str, Any]:
     path = Path(build_dir) / MANIFEST
     if not path.is_file():
         raise BundleError(f"{build_dir} is not an edgekit build (no {MANIFEST}); give the folder `edgekit convert -o` wrote")
-    try:
-        man = json.loads(path.read_text())
-    except ValueError as exc:
-        raise BundleError(f"{path} is not valid JSON ({exc}); convert the model again") from None
-    if not isinstance(man.get("files"), dict) or not man["files"]:
-        raise BundleError(f"{path} lists no files; convert the model again")
-    return man
+    if path.stat().st_size > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{path} is {path.stat().st_size / 2**20:.1f} MiB, over the {MAX_MANIFEST_BYTES >> 20} MiB an "
+                          "edgekit manifest can be; refusing it")
+    return parse_manifest(path.read_bytes(), str(build_dir))
+
+
+def _inside_root(root: Path, rel: str) -> bool:
+    """``root/rel`` with every link resolved (chains included) still lies inside ``root``."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, rel))
+    return real == real_root or real.startswith(real_root + os.sep)
 
 
 def check_files(root: Path, man: dict[str, Any]) -> None:
@@ -53,6 +141,9 @@ def check_files(root: Path, man: dict[str, Any]) -> None:
     bad = []
     for rel, info in sorted(man["files"].items()):
         _check_name(rel)
+        if not _inside_root(root, rel):
+            raise BundleError(f"{root}: manifest file {rel!r} resolves through a link to a place outside the bundle; "
+                              "refusing the bundle")
         p = root / rel
         if not p.is_file() or p.is_symlink():
             bad.append(f"{rel}: missing")
@@ -78,7 +169,9 @@ def make_bundle(build_dir: str | Path, out: str | Path) -> tuple[Path, dict[str,
     build_dir = Path(build_dir)
     man = read_manifest(build_dir)
     ver = man.get("verification") or {}
-    if ver.get("passed") is not True:
+    outputs = ver.get("outputs") if isinstance(ver.get("outputs"), list) else []
+    if ver.get("passed") is not True or ver.get("failures") or any(
+            not isinstance(o, dict) or o.get("passed") is not True for o in outputs):
         why = "; ".join(ver.get("failures") or []) or "no passing host verification recorded"
         raise BundleError(f"{build_dir}: host verification failed ({why}); fix the conversion before bundling")
     check_files(build_dir, man)
@@ -127,11 +220,12 @@ def check_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
 class Unpacked:
     root: Path
     manifest: dict[str, Any]
-    _tmp: tempfile.TemporaryDirectory | None = None
+    _tmp: Any = None  # the work_dir context that owns root, when unpack made it
 
     def cleanup(self) -> None:
         if self._tmp is not None:
-            self._tmp.cleanup()
+            self._tmp.__exit__(None, None, None)
+            self._tmp = None
 
     def __enter__(self) -> Unpacked:
         return self
@@ -140,12 +234,13 @@ class Unpacked:
         self.cleanup()
 
 
-def unpack(bundle: str | Path, dest: Path | None = None) -> Unpacked:
+def unpack(bundle: str | Path, dest: Path | None = None, max_mb: float | None = None) -> Unpacked:
     """Open a bundle (``.tar.gz`` file or build folder) and check it; returns its folder.
 
-    A folder is checked in place. An archive is validated member by member first, then
-    extracted into ``dest`` (or a temporary folder removed by ``Unpacked.cleanup``), and
-    every file's sha256 is checked against its manifest.
+    A folder is checked in place. An archive is validated member by member first (names, links, types,
+    each file's size against the manifest's, the total against ``max_mb`` and the free disk space), then
+    extracted into ``dest`` (or a temporary folder removed by ``Unpacked.cleanup``), every link is resolved
+    to check it stays inside, and every file's sha256 is checked against its manifest.
     """
     bundle = Path(bundle)
     if bundle.is_dir():
@@ -154,36 +249,76 @@ def unpack(bundle: str | Path, dest: Path | None = None) -> Unpacked:
         return Unpacked(bundle.resolve(), man)
     if not bundle.is_file():
         raise BundleError(f"bundle {bundle} does not exist; make one with `edgekit bundle BUILD_DIR -o NAME.tar.gz`")
+    cap = max_bundle_bytes(max_mb)
+    damaged = (tarfile.TarError, OSError, EOFError, zlib.error, lzma.LZMAError, ValueError)
     try:
         tar = tarfile.open(bundle, "r:*")
-    except (tarfile.TarError, OSError) as exc:
-        raise BundleError(f"{bundle} is not a readable tar archive ({exc}); make it again with `edgekit bundle`") from None
-    with tar:
-        members = check_members(tar)
-        names = {_check_name(m.name) for m in members if m.isfile()}
-        if MANIFEST not in names:
-            raise BundleError(f"{bundle} holds no {MANIFEST}; it is not an edgekit bundle")
-        man = json.loads(tar.extractfile(MANIFEST).read())  # type: ignore[union-attr]
-        for rel in man.get("files", {}):
-            _check_name(rel)
-        extra = sorted(names - set(man.get("files", {})) - {MANIFEST})
-        if extra:
-            raise BundleError(f"{bundle} holds files its manifest does not list ({', '.join(extra[:5])}); refusing the bundle")
-        holder = None
-        if dest is None:
-            holder = tempfile.TemporaryDirectory(prefix="edgekit-bundle-")
-            dest = Path(holder.name)
-        dest.mkdir(parents=True, exist_ok=True)
-        try:
-            tar.extractall(dest, members=members, filter="data")
+    except damaged as exc:
+        raise BundleError(f"{bundle} is not a readable tar archive ({_reason(exc)}); make it again with `edgekit bundle`") from None
+    holder = None
+    made_dest = False  # edgekit never deletes a folder it did not make
+    try:
+        with tar:
+            try:
+                members = check_members(tar)
+            except damaged as exc:
+                raise BundleError(f"{bundle} is truncated or damaged ({_reason(exc)}); copy it again or make it again "
+                                  "with `edgekit bundle`") from None
+            files = {_check_name(m.name): m for m in members if m.isfile()}
+            if MANIFEST not in files:
+                raise BundleError(f"{bundle} holds no {MANIFEST}; it is not an edgekit bundle")
+            if files[MANIFEST].size > MAX_MANIFEST_BYTES:
+                raise BundleError(f"{bundle}: {MANIFEST} is {files[MANIFEST].size / 2**20:.1f} MiB, over the "
+                                  f"{MAX_MANIFEST_BYTES >> 20} MiB an edgekit manifest can be; refusing the bundle")
+            try:
+                raw = tar.extractfile(files[MANIFEST]).read()  # type: ignore[union-attr]
+            except damaged as exc:
+                raise BundleError(f"{bundle} is truncated or damaged ({_reason(exc)}); copy it again") from None
+            man = parse_manifest(raw, str(bundle))
+            extra = sorted(set(files) - set(man["files"]) - {MANIFEST})
+            if extra:
+                raise BundleError(f"{bundle} holds files its manifest does not list ({', '.join(extra[:5])}); refusing the bundle")
+            for rel, info in man["files"].items():
+                if rel in files and files[rel].size != info["bytes"]:
+                    raise BundleError(f"{bundle}: member {rel} is {files[rel].size:,} bytes, the manifest says "
+                                      f"{info['bytes']:,}; refusing the bundle")
+            total = sum(m.size for m in files.values())
+            if total > cap:
+                raise BundleError(f"{bundle} unpacks to {total / 2**20:,.0f} MiB, over the {cap / 2**20:,.0f} MiB limit; "
+                                  f"if you expect a bundle this large, raise it with --max-bundle-mb (or ${MAX_BUNDLE_MB_ENV})")
+            if dest is None:
+                holder = work_dir("edgekit-bundle-")
+                dest = holder.__enter__()
+            made_dest = not dest.exists()
+            dest.mkdir(parents=True, exist_ok=True)
+            free = shutil.disk_usage(dest).free
+            if total > free:
+                raise BundleError(f"{bundle} unpacks to {total / 2**20:,.0f} MiB, but {dest} has only "
+                                  f"{free / 2**20:,.0f} MiB free; free some space (or set TMPDIR)")
+            try:
+                tar.extractall(dest, members=members, filter="data")
+            except damaged as exc:
+                raise BundleError(f"{bundle} is truncated or damaged ({_reason(exc)}); copy it again or make it again "
+                                  "with `edgekit bundle`") from None
+            except tarfile.FilterError as exc:  # pragma: no cover - check_members refuses these first
+                raise BundleError(f"{bundle}: {exc}; refusing the bundle") from None
+            for m in members:  # links resolved as a whole (a chain of links, each harmless alone)
+                if not _inside_root(dest, _check_name(m.name)):
+                    raise BundleError(f"bundle member {m.name!r} resolves through links to a place outside the bundle; "
+                                      "refusing the bundle")
             check_files(dest, man)
-        except BaseException:
-            if holder is not None:
-                holder.cleanup()
-            else:
-                shutil.rmtree(dest, ignore_errors=True)
-            raise
+    except BaseException:
+        if holder is not None:
+            holder.__exit__(None, None, None)
+        elif made_dest and dest is not None:
+            shutil.rmtree(dest, ignore_errors=True)
+        raise
     return Unpacked(dest.resolve(), man, holder)
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:160] if text else type(exc).__name__
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import json
-import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -34,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.fsutil import atomic_write_bytes, data_root  # shared with edgekit.results
+from edgekit.fsutil import atomic_write_bytes, data_root, work_dir  # shared with edgekit.results
 
 # A fitted efficiency above 1 means the profile's peak is too low for this machine (e.g. a
 # newer CPU than the profile describes); the fit allows that rather than hide it.
@@ -200,7 +199,7 @@ def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | Non
     precisions = precisions or [p for p in ("fp32", "fp16", "int8") if p in board.precisions]
     samples, paths, feeds = [], [], []
     models = models or default_models()
-    with tempfile.TemporaryDirectory(prefix="edgekit-calib-") as tmp:
+    with work_dir("edgekit-calib-") as tmp:
         for i, (model, shape, calib) in enumerate(models):
             for prec in precisions:
                 out = Path(tmp) / f"m{i}-{prec}"

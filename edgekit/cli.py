@@ -7,7 +7,9 @@ and exit 2; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Annotated
@@ -58,6 +60,7 @@ def convert(
     golden: Annotated[int, typer.Option("--golden", help="number of golden samples")] = 16,
     as_json: Annotated[bool, typer.Option("--json", help="print the manifest as JSON")] = False,
     option: Annotated[list[str] | None, typer.Option("--option", help="converter option key=value, e.g. layout=nhwc, allow_float_fallback=true (android)")] = None,
+    max_data_mb: Annotated[float | None, typer.Option("--max-data-mb", help="largest --calib/--eval arrays to load, MB (default 1024; env EDGEKIT_MAX_DATA_MB)")] = None,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
     from edgekit.pipeline import convert as run_convert
@@ -76,7 +79,8 @@ def convert(
         res = run_convert(
             model, target=target, out=out, board=board, precision=precision, calib=calib, eval_data=eval_data,
             input_shape=input_shape, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
-            golden_count=golden, options=parse_overrides(option) or None, log=lambda m: err.print(f"  [dim]{m}[/]"),
+            golden_count=golden, options=parse_overrides(option, "--option", "allow_float_fallback=true") or None,
+            max_data_mb=max_data_mb, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=on_stage,
         )
     finally:
@@ -117,16 +121,15 @@ def inspect(
     top: Annotated[int, typer.Option("--top", help="rows in the per-layer table (0 = all)")] = 0,
 ) -> None:
     """Parameters, MACs, weight bytes per precision, peak live activations, per-layer table."""
-    import tempfile
-
     from edgekit.analyze import analyze_model
+    from edgekit.fsutil import work_dir
     from edgekit.ingest import check_target_takes, load_model
     from edgekit.profiles import load_target
 
     tgt = load_target(target) if target else None
     check_target_takes(model, tgt)
     m = load_model(model, input_shape, trust_pickle)
-    with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
+    with work_dir("edgekit-") as tmp:
         # the same analysis as convert's analyze stage (ONNX graph; fp32 .tflite for Keras / SavedModel)
         stats, _ = analyze_model(m, Path(tmp), tgt)
     if as_json:
@@ -241,12 +244,35 @@ from edgekit import cli_flash  # noqa: E402,F401
 from edgekit import cli_plan  # noqa: E402,F401
 
 
+# the machine's state, not edgekit's or the user's input: one line, exit 2, no traceback
+_ENV_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the file system is read-only",
+               errno.EDQUOT: "disk quota exceeded", errno.EACCES: "permission denied", errno.EPERM: "not permitted"}
+
+
+def _terminate(signum: int, _frame: object) -> None:
+    """SIGTERM / SIGHUP unwind like Ctrl-C: every temporary folder and staging sibling is removed on the way out."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
+    from edgekit import fsutil
+
+    fsutil.notice = lambda m: err.print(f"[dim]note: {m}[/]", highlight=False, soft_wrap=True)
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None:
+            signal.signal(sig, _terminate)
     try:
         app()  # click's standalone mode handles usage errors (exit 2) and Ctrl-C
     except EdgekitError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
+    except OSError as exc:
+        if exc.errno not in _ENV_ERRNOS:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        err.print(f"[bold red]error:[/] {where}{_ENV_ERRNOS[exc.errno]}; free space, fix the permissions, or choose "
+                  "another folder (-o, TMPDIR)", highlight=False, soft_wrap=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

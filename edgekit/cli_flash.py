@@ -18,6 +18,7 @@ KeyOpt = Annotated[Path | None, typer.Option("--key", help="SSH private key file
 KnownOpt = Annotated[Path | None, typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts)")]
 AcceptOpt = Annotated[bool, typer.Option("--accept-new-host-key", help="trust and record an unknown host key (a changed key is always refused)")]
 DestOpt = Annotated[str | None, typer.Option("--dest", help="bundle folder on the board (default ~/edgekit/<bundle name>)")]
+MaxBundleOpt = Annotated[float | None, typer.Option("--max-bundle-mb", help="largest unpacked bundle to accept, MiB (default 1024; env EDGEKIT_MAX_BUNDLE_MB)")]
 AdbOpt = Annotated[str | None, typer.Option("--adb-server", help="adb server host:port (default 127.0.0.1:5037)")]
 
 
@@ -73,6 +74,7 @@ def flash(
     dest: DestOpt = None,
     adb_server: AdbOpt = None,
     results_db: DbOpt = None,
+    max_bundle_mb: MaxBundleOpt = None,
 ) -> None:
     """Upload BUNDLE to a staging folder on the board, verify every sha256 there, rename into place (resumable)."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
@@ -82,7 +84,7 @@ def flash(
     from edgekit.flash import flash as run_flash
 
     results.use_db(results_db)
-    with unpack(bundle) as ub:  # unpacked and hashed once: the manifest and the files to send
+    with unpack(bundle, max_mb=max_bundle_mb) as ub:  # unpacked and hashed once: the manifest and the files to send
         man = ub.manifest
         if board:
             from edgekit.profiles import load_board
@@ -121,6 +123,7 @@ def smoke(
     adb_server: AdbOpt = None,
     results_db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="print smoke_result.json")] = False,
+    max_bundle_mb: MaxBundleOpt = None,
 ) -> None:
     """Run the bundle's smoke test on the board, stream its log, print pass/fail per check."""
     from edgekit import results
@@ -128,7 +131,7 @@ def smoke(
     from edgekit.smoke import smoke as run_smoke
 
     results.use_db(results_db)
-    with unpack(bundle) as ub:  # unpacked and hashed once, for the manifest and the smoke run
+    with unpack(bundle, max_mb=max_bundle_mb) as ub:  # unpacked and hashed once, for the manifest and the smoke run
         man = ub.manifest
         with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr:
             res = run_smoke(ub, tr, dest=dest, python=python, runtime=runtime,

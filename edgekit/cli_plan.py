@@ -37,9 +37,8 @@ def plan(
     build: Annotated[Path | None, typer.Option("--build", help="with --eval: keep the chosen build in this folder")] = None,
 ) -> None:
     """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
-    import tempfile
-
     from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, analyze, choose, plan_target, refine
+    from edgekit.fsutil import work_dir
     from edgekit.profiles import load_board
 
     brd = load_board(board, board_set)
@@ -47,7 +46,7 @@ def plan(
     budgets = Budgets.for_board(brd, ram_mb=max_ram_mb, storage_mb=max_storage_mb, latency_ms=max_latency_ms,
                                 power_w=max_power_w, energy_mj=max_energy_mj, accuracy_drop_points=max_accuracy_drop)
     # the model is loaded, analyzed and exported once; the estimate and every --eval build reuse it
-    with tempfile.TemporaryDirectory(prefix="edgekit-plan-") as work:
+    with work_dir("edgekit-plan-") as work:
         with err.status("analyzing and estimating…"):
             analyzed = analyze(model, tgt, Path(work), input_shape)
             p = choose(analyzed, brd, tgt, budgets, use_calibration=not no_calibration)

@@ -37,15 +37,135 @@ class Dataset:
             yield {s.name: self.inputs[s.name][i : i + bs] for s in model.inputs}
 
 
-def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: str = "--calib") -> Dataset:
+MAX_DATA_MB_ENV = "EDGEKIT_MAX_DATA_MB"
+DEFAULT_MAX_DATA_MB = 1024.0
+
+
+def max_data_bytes(max_mb: float | None = None) -> int:
+    """The cap on the arrays one data file may expand to: ``max_mb``, else ``$EDGEKIT_MAX_DATA_MB``, else 1 GiB."""
+    import os
+
+    if max_mb is None:
+        env = os.environ.get(MAX_DATA_MB_ENV)
+        try:
+            max_mb = float(env) if env else DEFAULT_MAX_DATA_MB
+        except ValueError:
+            raise InputSpecError(f"${MAX_DATA_MB_ENV}={env!r}: expected a number of MB") from None
+    if not np.isfinite(max_mb) or max_mb <= 0:
+        raise InputSpecError(f"--max-data-mb {max_mb}: expected a positive number of MB")
+    return int(max_mb * 1e6)
+
+
+def _npy_header(fh, what: str, key: str) -> tuple[tuple[int, ...], np.dtype]:
+    """Shape and dtype from a .npy header, read before any data (numpy's own header parser)."""
+    fmt = np.lib.format
+    try:
+        version = fmt.read_magic(fh)
+        read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0  # 3.0: utf-8 names
+        shape, _fortran, dtype = read(fh)
+    except (ValueError, OSError, EOFError, SyntaxError) as exc:
+        raise InputSpecError(f"{what}: array {key!r} has no readable .npy header ({exc}); "
+                             "save the data with numpy.savez") from None
+    return tuple(int(d) for d in shape), dtype
+
+
+def _check_header(what: str, key: str, shape: tuple[int, ...], dtype: np.dtype, budget: list[int], cap: int) -> None:
+    if dtype.hasobject:
+        raise InputSpecError(f"{what}: array {key!r} holds Python objects (dtype {dtype}); edgekit never unpickles "
+                             "data files: save numbers (e.g. float32) with numpy.savez")
+    nbytes = int(np.prod(shape, dtype=np.float64) * dtype.itemsize)
+    budget[0] += nbytes
+    if budget[0] > cap:
+        raise InputSpecError(
+            f"{what}: array {key!r} {list(shape)} {dtype} expands to {budget[0] / 1e6:,.0f} MB, over the "
+            f"{cap / 1e6:,.0f} MB limit for data files; use fewer samples, or raise the limit with --max-data-mb "
+            f"(or ${MAX_DATA_MB_ENV})"
+        )
+
+
+def _read_arrays(path: Path, what: str, cap: int) -> dict[str, np.ndarray]:
+    """Every array of a .npz (or one .npy), each header checked against ``cap`` before its data is read."""
+    budget = [0]
+    with open(path, "rb") as fh:
+        head = fh.read(6)
+    if head == b"\x93NUMPY":
+        with open(path, "rb") as fh:
+            shape, dtype = _npy_header(fh, what, path.name)
+            _check_header(what, path.name, shape, dtype, budget, cap)
+        try:
+            return {path.stem: np.load(path, allow_pickle=False)}
+        except (ValueError, OSError, EOFError) as exc:
+            raise InputSpecError(f"{what}: not a readable .npy file ({_line(exc)}); save it with numpy.save") from None
+    try:
+        with zipfile.ZipFile(path) as zf:
+            for info in zf.infolist():
+                if not info.filename.endswith(".npy"):
+                    continue
+                with zf.open(info) as fh:
+                    shape, dtype = _npy_header(fh, what, info.filename[:-4])
+                _check_header(what, info.filename[:-4], shape, dtype, budget, cap)
+            bad = zf.testzip()
+        if bad is not None:
+            raise InputSpecError(f"{what}: member {bad} fails its CRC check (damaged file); save the data again")
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
+        raise InputSpecError(f"{what}: not a readable .npz file ({_line(exc)}); save it with numpy.savez") from None
+
+
+def _line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__
+
+
+def _check_values(what: str, key: str, arr: np.ndarray) -> None:
+    """Numbers only, and finite: NaN/Inf/complex data would only fail later, far from its cause."""
+    if np.iscomplexobj(arr):
+        raise InputSpecError(f"{what}: array {key!r} is complex ({arr.dtype}); models take real inputs: "
+                             "save the real part (or magnitude) you mean")
+    if not (np.issubdtype(arr.dtype, np.number) or arr.dtype == np.bool_):
+        raise InputSpecError(f"{what}: array {key!r} has dtype {arr.dtype}; expected numbers")
+    if np.issubdtype(arr.dtype, np.floating):
+        bad = int(arr.size - np.count_nonzero(np.isfinite(arr)))
+        if bad:
+            n_nan = int(np.count_nonzero(np.isnan(arr)))
+            raise InputSpecError(f"{what}: array {key!r} holds {bad:,} non-finite value(s) ({n_nan:,} NaN, "
+                                 f"{bad - n_nan:,} ±Inf) of {arr.size:,}; clean the data before calibrating or "
+                                 "evaluating with it")
+
+
+def _check_labels(what: str, labels: np.ndarray, model: Model) -> np.ndarray:
+    """Class indices: integers (or integral floats), one per sample, within the classifier output's classes."""
+    if labels.ndim == 2 and labels.shape[1] == 1:
+        labels = labels[:, 0]
+    if labels.ndim != 1:
+        raise InputSpecError(f"{what}: 'label' has shape {list(labels.shape)}; expected one class index per sample [N]")
+    if not (np.issubdtype(labels.dtype, np.integer) or np.issubdtype(labels.dtype, np.floating)
+            or labels.dtype == np.bool_):
+        raise InputSpecError(f"{what}: 'label' has dtype {labels.dtype}; expected integer class indices (0, 1, 2, ...)")
+    if np.issubdtype(labels.dtype, np.floating):
+        if not np.all(np.isfinite(labels)) or np.any(labels != np.round(labels)):
+            raise InputSpecError(f"{what}: 'label' holds fractional or non-finite values; "
+                                 "expected integer class indices (0, 1, 2, ...)")
+    labels = labels.astype(np.int64)
+    if labels.size and labels.min() < 0:
+        raise InputSpecError(f"{what}: 'label' holds negative values (min {labels.min()}); "
+                             "expected class indices 0, 1, 2, ...")
+    out = model.outputs[0] if model.outputs else None
+    if out is not None and len(out.shape) == 2 and out.shape[1] > 1 and labels.size and labels.max() >= out.shape[1]:
+        raise InputSpecError(f"{what}: 'label' holds class {labels.max()}, but output {out.name!r} has "
+                             f"{out.shape[1]} classes (0..{out.shape[1] - 1}); check the labels or the model")
+    return labels
+
+
+def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: str = "--calib",
+             max_mb: float | None = None) -> Dataset:
     path = Path(path)
     if not path.exists():
         raise InputSpecError(f"{what} {path}: no such file")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            arrays = {k: z[k] for k in z.files}
-    except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise InputSpecError(f"{what} {path}: not a readable .npz file ({exc}); save it with numpy.savez") from None
+    if not path.is_file():
+        raise InputSpecError(f"{what} {path}: not a file; give a .npz saved with numpy.savez")
+    arrays = _read_arrays(path, f"{what} {path}", max_data_bytes(max_mb))
     labels = None
     for k in LABEL_KEYS:
         if k in arrays:
@@ -53,17 +173,20 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
             break
     if need_labels and labels is None:
         raise InputSpecError(f"{what} {path}: no labels; add an array named 'label' (class index per sample)")
+    if labels is not None:
+        labels = _check_labels(f"{what} {path}", labels, model)
     inputs: dict[str, np.ndarray] = {}
     for spec in model.inputs:
         if spec.name in arrays:
-            arr = arrays[spec.name]
+            key = spec.name
         elif len(model.inputs) == 1 and len(arrays) == 1:
-            arr = next(iter(arrays.values()))
+            key = next(iter(arrays))
         else:
             raise InputSpecError(
                 f"{what} {path}: no array for input {spec.name!r} (has {sorted(arrays)}); "
                 f"name the array {spec.name!r}"
             )
+        arr = arrays[key]
         sample = tuple(spec.shape[1:])
         if arr.ndim == len(spec.shape) - 1 and tuple(arr.shape) == tuple(spec.shape[1:]) and spec.shape[0] == 1:
             arr = arr[None]
@@ -76,15 +199,14 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
                 f"{what} {path}: input {spec.name!r} has shape {list(arr.shape)}; "
                 f"the model expects [N, {', '.join(map(str, sample))}] (samples first){hint}"
             )
-        if not np.issubdtype(arr.dtype, np.number):
-            raise InputSpecError(f"{what} {path}: input {spec.name!r} has dtype {arr.dtype}; expected numbers")
+        _check_values(f"{what} {path}", key, arr)
         inputs[spec.name] = np.ascontiguousarray(arr.astype(spec.dtype, copy=False))
     counts = {len(a) for a in inputs.values()}
     if len(counts) != 1 or 0 in counts:
         raise InputSpecError(f"{what} {path}: inputs have different or zero sample counts")
     if labels is not None and len(labels) != len(next(iter(inputs.values()))):
         raise InputSpecError(f"{what} {path}: {len(labels)} labels for {len(next(iter(inputs.values())))} samples")
-    return Dataset(str(path), inputs, None if labels is None else labels.astype(np.int64), False)
+    return Dataset(str(path), inputs, labels, False)
 
 
 def random_dataset(model: Model, n: int = 64, seed: int = 0) -> Dataset:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import posixpath
 import time
+from fnmatch import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,11 @@ from edgekit.fsutil import sha256_file
 from edgekit.transports.base import Transport
 
 STAGING = ".staging"
+STAGING_MARK = ".edgekit-staging"  # written first into every staging folder edgekit makes
+DEFAULT_ROOT = "~/edgekit"
+# files the bundle's own runner writes on the board (smoke result, TensorRT engine, Python byte code)
+BOARD_WRITTEN = ("smoke_result.json", "smoke_result.json.tmp", "model.engine", "model.engine.tmp", "timing.cache",
+                 "timing.cache.tmp", "__pycache__/*", "*/__pycache__/*")
 
 
 class FlashError(EdgekitError):
@@ -37,7 +43,39 @@ class FlashError(EdgekitError):
 
 
 def default_dest(man: dict[str, Any]) -> str:
-    return f"~/edgekit/{man['name']}"
+    return f"{DEFAULT_ROOT}/{man['name']}"
+
+
+def foreign_on_board(transport: Transport, dest: str) -> list[str] | None:
+    """What in the board folder ``dest`` edgekit did not put there: None when it is absent, empty, or an edgekit
+    install (its manifest lists every file; only the runner's own outputs besides); else the foreign entries."""
+    if not transport.exists(dest):
+        return None
+    if not transport.is_dir(dest):
+        return ["(not a folder)"]
+    entries = transport.list_entries(dest)
+    if not entries:
+        return None
+    listed: set[str] = set()
+    if MANIFEST in entries:
+        try:
+            from edgekit.bundle import parse_manifest
+
+            listed = set(parse_manifest(transport.get(posixpath.join(dest, MANIFEST)), dest)["files"]) | {MANIFEST}
+        except EdgekitError:
+            listed = set()
+    regular = set(transport.list_files(dest))
+    foreign = [e for e in entries if not ((e in listed and e in regular)
+                                          or (listed and e in regular and any(fnmatch(e, p) for p in BOARD_WRITTEN)))]
+    return foreign or None
+
+
+def _refuse_foreign(transport: Transport, path: str, what: str) -> None:
+    foreign = foreign_on_board(transport, path)
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise FlashError(f"{path} on {transport.describe()} holds files edgekit did not write ({shown}); edgekit "
+                         f"replaces only its own installs: {what}")
 
 
 @dataclass
@@ -51,6 +89,17 @@ class FlashResult:
     manifest: dict[str, Any] = field(default_factory=dict)
 
 
+def _mark(transport: Transport, staging: str) -> None:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".mark", delete=False) as f:
+        f.write("edgekit staging folder\n")
+    try:
+        transport.put(f.name, posixpath.join(staging, STAGING_MARK))
+    finally:
+        Path(f.name).unlink(missing_ok=True)
+
+
 # on_file(rel, size) -> per-file progress callback (bytes done)
 FileProgress = Callable[[str, int], Callable[[int], None] | None]
 
@@ -60,7 +109,17 @@ def flash(bundle: str | Path | Unpacked, transport: Transport, dest: str | None 
     t0 = time.perf_counter()
     with opened(bundle) as ub:
         man = ub.manifest
-        dest = transport.resolve(dest or default_dest(man))
+        if dest is None:
+            root = transport.resolve(DEFAULT_ROOT)
+            dest = transport.resolve(default_dest(man))
+            if posixpath.dirname(dest) != root:  # the manifest's name is checked too; this is the last word
+                raise FlashError(f"the bundle name {man['name']!r} leads outside {root}; refusing the bundle")
+        else:
+            dest = transport.resolve(dest)
+            if dest in ("/", transport.resolve("~")):
+                raise FlashError(f"--dest {dest} is a whole folder tree, not a bundle folder; give e.g. "
+                                 f"{default_dest(man)}")
+        _refuse_foreign(transport, dest, "give another --dest (default ~/edgekit/<bundle name>)")
         staging = dest + STAGING
         wanted = {rel: info["sha256"] for rel, info in man["files"].items()}
         wanted[MANIFEST] = sha256_file(ub.root / MANIFEST)
@@ -83,10 +142,15 @@ def flash(bundle: str | Path | Unpacked, transport: Transport, dest: str | None 
             log(f"{dest} differs from the bundle in {len(bad)} file(s): {', '.join(bad[:5])}; reinstalling")
         resuming = transport.exists(staging)
         if resuming:
+            if not (transport.is_dir(staging) and transport.exists(posixpath.join(staging, STAGING_MARK))):
+                raise FlashError(f"{staging} on {transport.describe()} exists and edgekit did not make it; move it "
+                                 "away or give another --dest")
             log(f"resuming: {staging} exists from an earlier run")
-            for rel in sorted(set(transport.list_files(staging)) - set(order)):  # left by another bundle
+            for rel in sorted(set(transport.list_entries(staging)) - set(order) - {STAGING_MARK}):  # another bundle's
                 transport.remove(posixpath.join(staging, rel))
         transport.makedirs(staging)
+        if not resuming:
+            _mark(transport, staging)
         for d in sorted({posixpath.dirname(r) for r in order} - {""}):
             transport.makedirs(posixpath.join(staging, d))
         have = remote_hashes(staging) if resuming else dict.fromkeys(order)
@@ -117,7 +181,9 @@ def flash(bundle: str | Path | Unpacked, transport: Transport, dest: str | None 
             )
         log(f"all {len(order)} files verified by sha256 on the board")
         old = None
+        transport.remove(posixpath.join(staging, STAGING_MARK))
         if transport.exists(dest):
+            _refuse_foreign(transport, dest, "give another --dest")  # again: it may have changed while uploading
             old = f"{dest}.old-{int(time.time())}"
             transport.rename(dest, old)
         transport.rename(staging, dest)

@@ -7,7 +7,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from edgekit.errors import OutputError
@@ -46,39 +46,204 @@ def sha256_tree(path: Path) -> str:
     return h.hexdigest()
 
 
+# ---------------------------------------------------------------- work folders with a pid lock
+
+LOCK_SUFFIX = ".lock"
+_LOCK_TAG = "edgekit "
+notice: Callable[[str], None] = lambda msg: None  # the CLI points this at its console (stale folders removed)
+
+
+def _hold_lock(lock: Path) -> int:
+    """Create ``lock`` (exclusively) and hold an flock on it for the life of this process; the kernel drops it
+    when the process dies, however it dies, which is how a later run knows the folder beside it is stale."""
+    fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except ImportError:  # no flock (Windows): folders are still removed on exit, not swept after a kill
+        pass
+    os.write(fd, f"{_LOCK_TAG}{os.getpid()}\n".encode())
+    return fd
+
+
+def _release(fd: int, lock: Path) -> None:
+    with contextlib.suppress(OSError):
+        lock.unlink()
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def sweep_stale(parent: Path, prefix: str) -> list[Path]:
+    """Remove ``parent/<prefix>*`` folders whose lock file edgekit wrote and whose owner process is dead.
+
+    Only folders with an edgekit lock beside them are touched (a folder is never removed because of its name
+    alone); a live run holds its lock, so it is never swept. Returns the folders removed."""
+    try:
+        import fcntl
+    except ImportError:
+        return []
+    removed = []
+    try:
+        locks = [p for p in Path(parent).iterdir() if p.name.startswith(prefix) and p.name.endswith(LOCK_SUFFIX)]
+    except OSError:
+        return []
+    for lock in locks:
+        try:
+            fd = os.open(lock, os.O_RDWR | getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            continue
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                continue  # held: its edgekit run is alive
+            if not os.read(fd, 64).decode(errors="replace").startswith(_LOCK_TAG):
+                continue  # not ours, or being created right now
+            folder = lock.with_name(lock.name[: -len(LOCK_SUFFIX)])
+            for victim in (folder, folder.with_name(folder.name + ".old")):
+                if victim.is_dir() and not victim.is_symlink():
+                    shutil.rmtree(victim, ignore_errors=True)
+                    removed.append(victim)
+            with contextlib.suppress(OSError):
+                lock.unlink()
+        finally:
+            os.close(fd)
+    if removed:
+        notice(f"removed {len(removed)} folder(s) left by an edgekit run that was killed: "
+               + ", ".join(str(p) for p in removed[:5]))
+    return removed
+
+
+@contextlib.contextmanager
+def work_dir(prefix: str = "edgekit-", parent: str | Path | None = None) -> Iterator[Path]:
+    """A scratch folder (in TMPDIR unless ``parent``), removed on exit, on errors and on SIGTERM/SIGINT (the CLI
+    turns those into exceptions); after a SIGKILL the next run's :func:`sweep_stale` removes it."""
+    parent = Path(parent or tempfile.gettempdir())
+    sweep_stale(parent, prefix)
+    path, fd, lock = _new_locked(parent, prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+        _release(fd, lock)
+
+
+def _new_locked(parent: Path, prefix: str) -> tuple[Path, int, Path]:
+    """A new empty folder ``parent/<prefix><random>`` with its held lock file beside it."""
+    import secrets
+
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        lock = path.with_name(path.name + LOCK_SUFFIX)
+        try:
+            fd = _hold_lock(lock)
+        except FileExistsError:
+            continue
+        try:
+            path.mkdir(mode=0o755)
+        except FileExistsError:
+            _release(fd, lock)
+            continue
+        except BaseException:
+            _release(fd, lock)
+            raise
+        return path, fd, lock
+    raise OutputError(f"cannot create a work folder in {parent}")  # pragma: no cover
+
+
+# ---------------------------------------------------------------- outputs: replace only what edgekit wrote
+
+
+def foreign_files(folder: Path) -> list[str] | None:
+    """What in ``folder`` edgekit did not write: None when it is an edgekit output exactly as written (a
+    ``manifest.json`` with edgekit's schema listing every file, with matching sizes, and nothing else);
+    else the entries that make it foreign (all of them when there is no edgekit manifest)."""
+    folder = Path(folder)
+    found: dict[str, Path] = {}
+    odd: list[str] = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_symlink() or not (p.is_file() or p.is_dir()):
+            odd.append(rel)
+        elif p.is_file():
+            found[rel] = p
+    man = None
+    mpath = folder / MARKER
+    if MARKER in found and mpath.stat().st_size <= (64 << 20):
+        import json
+
+        with contextlib.suppress(ValueError, OSError):
+            man = json.loads(mpath.read_text())
+    files = man.get("files") if isinstance(man, dict) and man.get("schema") == 1 else None
+    if not isinstance(files, dict):
+        return sorted(found) + odd
+    foreign = list(odd)
+    for rel, p in found.items():
+        info = files.get(rel)
+        if rel == MARKER:
+            continue
+        if not isinstance(info, dict) or info.get("bytes") != p.stat().st_size:
+            foreign.append(rel)
+    return sorted(foreign) if foreign else None
+
+
+def check_replaceable(dest: Path, flag: str = "-o") -> None:
+    """``dest`` may be replaced: it does not exist, is an empty folder, or is an edgekit output as written."""
+    if not (dest.exists() or dest.is_symlink()):
+        return
+    if dest.is_symlink() or not dest.is_dir():
+        raise OutputError(f"{dest} exists and is not a folder; choose another output folder with {flag}")
+    if not any(dest.iterdir()):
+        return
+    foreign = foreign_files(dest)
+    if foreign:
+        shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
+        raise OutputError(
+            f"{dest} holds files edgekit did not write ({shown}); edgekit replaces only its own outputs: "
+            f"choose another folder with {flag}"
+        )
+
+
 @contextlib.contextmanager
 def atomic_dir(dest: Path) -> Iterator[Path]:
     """Yield a temporary sibling of ``dest``; on success it replaces ``dest``.
 
-    A failed or killed run leaves ``dest`` as it was (the sibling is removed on
-    failure; a killed run leaves only a ``.<name>.tmp-*`` folder, never a half-written
-    ``dest``). An existing ``dest`` is replaced only if it is an earlier edgekit output
-    (it holds a manifest.json) or empty; anything else is refused.
+    A failed run leaves ``dest`` as it was and removes the sibling; a killed run leaves only a
+    ``.<name>.tmp-*`` folder with a lock file, which the next run removes. An existing ``dest`` is replaced
+    only if it is empty or an edgekit output exactly as edgekit wrote it (:func:`foreign_files`); a folder
+    holding anything else is refused with the list of foreign files, and nothing in it is touched.
     """
-    dest = Path(dest).resolve()
-    if dest.exists():
-        if not dest.is_dir():
-            raise OutputError(f"{dest} exists and is a file; choose another output folder with -o")
-        if any(dest.iterdir()) and not (dest / MARKER).exists():
-            raise OutputError(
-                f"{dest} exists and is not an edgekit output (no {MARKER}); "
-                "choose another folder with -o or remove it"
-            )
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    tmp.chmod(0o755)  # mkdtemp makes 0700; the output is an ordinary folder
+    dest = Path(os.path.abspath(dest))
+    check_replaceable(dest)
     try:
-        yield tmp
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if dest.exists():
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        os.replace(dest, old)
-    os.replace(tmp, dest)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        prefix = f".{dest.name}.tmp-"
+        sweep_stale(dest.parent, prefix)
+        tmp, fd, lock = _new_locked(dest.parent, prefix)
+    except (FileExistsError, NotADirectoryError) as exc:
+        raise OutputError(f"cannot create {dest}: {exc.filename or dest.parent} is not a folder; "
+                          "choose another output folder with -o") from None
+    except PermissionError:
+        raise OutputError(f"cannot write in {dest.parent} (permission denied); choose another output folder with -o") from None
+    except OSError as exc:
+        raise OutputError(f"cannot write in {dest.parent} ({exc.strerror}); choose another output folder with -o") from None
+    try:
+        try:
+            yield tmp
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        check_replaceable(dest)  # again: something may have appeared in it while we worked
+        old = None
+        if dest.exists():
+            old = tmp.with_name(tmp.name + ".old")
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        _release(fd, lock)
 
 
 def atomic_write_bytes(dest: Path, data: bytes) -> None:

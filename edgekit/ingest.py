@@ -11,11 +11,12 @@ from the Model.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import re
 import sys
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -186,36 +187,47 @@ def check_target_takes(model: Model | str | Path, target: Any) -> None:
 
 
 def _load_torch_file(path: Path, shapes, trust_pickle: bool) -> Model:
-    torch = require("torch")
-    digest = sha256_file(path)
+    from edgekit.safety import check_torch_archive
+
     if not zipfile.is_zipfile(path):
         raise ModelLoadError(
             f"{path}: not a torch archive (a .pt2/.pt file is a zip; this one is truncated or another format); "
             "re-save it with torch.export.save or torch.jit.save"
         )
-    with zipfile.ZipFile(path) as zf:
-        names = zf.namelist()
-    is_ep = any(n.split("/", 1)[-1].startswith(("models/", "serialized_exported_program")) for n in names) or any(
-        "/models/" in n or n.endswith("archive_format") for n in names
-    )
-    is_ts = any(n.split("/", 1)[-1].startswith("code/") for n in names)
-    if is_ep:
-        try:
-            ep = torch.export.load(str(path))
-        except Exception as exc:  # torch raises many types for damaged archives
-            raise ModelLoadError(
-                f"{path}: cannot read the ExportedProgram ({type(exc).__name__}: {str(exc)[:200]}); "
-                "is the file complete? re-export with torch.export.save"
-            ) from None
-        return _from_exported(str(path), digest, ep, shapes)
-    if is_ts:
-        try:
-            mod = torch.jit.load(str(path), map_location="cpu")
-        except Exception as exc:
-            raise ModelLoadError(f"{path}: cannot read TorchScript ({type(exc).__name__}: {str(exc)[:200]})") from None
-        mod.eval()
-        inputs = _inputs_from_shapes(shapes, path, _ts_input_names(mod))
-        return _finish_torch(Model(str(path), "torchscript", digest, inputs, torch_module=mod))
+    torch = require("torch")
+    digest = sha256_file(path)
+    with open(path, "rb") as f:  # one open file: the bytes checked are the bytes torch reads
+        # CRCs, pickled members (no global outside torch's weights-only allowlist), shape expressions
+        check_torch_archive(f, str(path), trust_pickle)
+        f.seek(0)
+        with zipfile.ZipFile(f) as zf:
+            names = zf.namelist()
+        f.seek(0)
+        is_ep = any(n.split("/", 1)[-1].startswith(("models/", "serialized_exported_program")) for n in names) or any(
+            "/models/" in n or n.endswith("archive_format") for n in names
+        )
+        is_ts = any(n.split("/", 1)[-1].startswith("code/") for n in names)
+        if is_ep:
+            try:
+                with quiet_logs():
+                    ep = torch.export.load(f)
+            except Exception as exc:  # torch raises many types for damaged archives
+                raise ModelLoadError(
+                    f"{path}: cannot read the ExportedProgram ({type(exc).__name__}: {_first_line(exc)[:200]}); "
+                    "is the file complete? re-export with torch.export.save"
+                ) from None
+            return _from_exported(str(path), digest, ep, shapes)
+        if is_ts:
+            try:
+                with quiet_logs():
+                    mod = torch.jit.load(f, map_location="cpu")
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"{path}: cannot read TorchScript ({type(exc).__name__}: {_first_line(exc)[:200]}); "
+                    "is the file complete? re-save it with torch.jit.save") from None
+            mod.eval()
+            inputs = _inputs_from_shapes(shapes, path, _ts_input_names(mod))
+            return _finish_torch(Model(str(path), "torchscript", digest, inputs, torch_module=mod))
     # a plain pickle inside a zip: weights-only unless trusted
     if not trust_pickle:
         try:
@@ -560,6 +572,23 @@ def _does_not_run(model: Model, exc: BaseException, fix: str) -> InputSpecError:
     shapes = ", ".join(f"{s.name}{list(s.shape)}" for s in model.inputs)
     return InputSpecError(f"{model.source}: the model does not run on inputs {shapes} "
                           f"({type(exc).__name__}: {_first_line(exc)}); {fix}")
+
+
+@contextlib.contextmanager
+def quiet_logs() -> Iterator[None]:
+    """Keep torch's own log lines (warnings printed while it reads a damaged archive) off the user's screen:
+    the error edgekit raises says what went wrong, in one line."""
+    import logging
+
+    loggers = [logging.getLogger(n) for n in ("torch", "torch._export", "torch.export")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, lv in zip(loggers, levels, strict=True):
+            lg.setLevel(lv)
 
 
 def _first_line(exc: BaseException) -> str:

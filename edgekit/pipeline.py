@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import platform
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -27,12 +26,13 @@ from edgekit import __version__
 from edgekit.analyze import ModelStats, analyze_model
 from edgekit.data import Dataset, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError, VerificationError
-from edgekit.fsutil import atomic_dir, sha256_file
+from edgekit.fsutil import atomic_dir, sha256_file, work_dir
 from edgekit.ingest import Model, check_target_takes, load_model
 from edgekit.planner import plan_section
 from edgekit.profiles import Board, Target, data_dir, default_board, load_board, load_target
 from edgekit.verify import Verification, verify
 
+MIN_OPSET, MAX_OPSET = 7, 25  # what onnx and onnxruntime know of; per-channel INT8 needs 13 or more
 STAGES = ("ingest", "analyze", "convert", "verify", "bundle")
 GOLDEN_FILE = "golden.npz"
 
@@ -105,6 +105,7 @@ def convert(
     warn: Callable[[str], None] = lambda m: None,
     on_stage: Callable[[str, str], None] = lambda s, m: None,
     analysis: tuple[ModelStats, Path] | None = None,
+    max_data_mb: float | None = None,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out``.
 
@@ -112,9 +113,15 @@ def convert(
     that Model's ``analyze_model(model, work, target)`` result (stats, float graph), which is
     then not analyzed or exported again: the planner passes both for its builds.
     """
-    from edgekit.converters import ConvertJob, flag_option, get_converter
+    from edgekit.converters import ConvertJob, check_options, flag_option, get_converter
 
+    if isinstance(golden_count, bool) or not isinstance(golden_count, int) or golden_count < 1:
+        raise InputSpecError(f"--golden {golden_count}: give the number of golden samples, at least 1 (default 16)")
+    if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
+        raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
+                             "or leave it out for the target's default")
     tgt = load_target(target)
+    options = check_options(tgt.converter, options) or None
     brd = load_board(board, board_set) if board else default_board(target)
     if board_set and not board:
         brd = load_board(brd.id, board_set)
@@ -131,7 +138,7 @@ def convert(
         warn(msg)
 
     clock = _Clock(on_stage)
-    with tempfile.TemporaryDirectory(prefix="edgekit-") as tmp:
+    with work_dir("edgekit-") as tmp:
         work = Path(tmp)
         with clock.stage("ingest"):
             check_target_takes(model, tgt)  # Keras / SavedModel: android only, refused before loading TensorFlow
@@ -140,10 +147,11 @@ def convert(
             if calib == "random":
                 calib_ds = random_dataset(m)
             elif calib:
-                calib_ds = load_npz(calib, m, what="--calib")
+                calib_ds = load_npz(calib, m, what="--calib", max_mb=max_data_mb)
             if precision != "auto":
                 _check_calibration(precision, calib_ds, _warn)
-            eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval") if eval_data else None
+            eval_ds = (load_npz(eval_data, m, need_labels=True, what="--eval", max_mb=max_data_mb)
+                       if eval_data else None)
         with clock.stage("analyze"):
             # torch -> ONNX export, ONNX as given, Keras / SavedModel -> fp32 .tflite (TFLiteConverter)
             stats, float_graph = analysis if analysis is not None else analyze_model(m, work, tgt, opset)

@@ -22,7 +22,7 @@ estimate, every build and the accuracy measurements reuse that :class:`Analyzed`
 
 from __future__ import annotations
 
-import tempfile
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.analyze import WEIGHT_OPS, ModelStats
 from edgekit.costmodel import Candidate, Estimate, calibrated, estimate
 from edgekit.errors import EdgekitError
+from edgekit.fsutil import work_dir
 from edgekit.profiles import PRECISION_ORDER, Board, Target, load_target
 
 if TYPE_CHECKING:
@@ -78,8 +79,8 @@ class Budgets:
             if k not in BUDGET_FLAGS:
                 raise TypeError(f"unknown budget {k}")
             if v is not None:
-                if v < 0 or (v == 0 and k != "accuracy_drop_points"):
-                    raise PlanError(f"{BUDGET_FLAGS[k]} must be positive (got {v})")
+                if not math.isfinite(v) or v < 0 or (v == 0 and k != "accuracy_drop_points"):
+                    raise PlanError(f"{BUDGET_FLAGS[k]} must be a finite positive number (got {v})")
                 setattr(out, k, float(v))
         return out
 
@@ -202,7 +203,7 @@ def analyze(model: Any, target: Target | None, work_dir: Path, input_shape: list
 def analyze_model(model: Any, target: Target | None = None, input_shape: list[str] | None = None,
                   trust_pickle: bool = False):
     """(Model, ModelStats) for a path, ``pkg.module:factory`` or loaded Model (the float graph is not kept)."""
-    with tempfile.TemporaryDirectory(prefix="edgekit-plan-") as tmp:
+    with work_dir("edgekit-plan-") as tmp:
         a = analyze(model, target, Path(tmp), input_shape, trust_pickle)
     return a.model, a.stats
 
@@ -464,7 +465,7 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
     if cand.sparsity:
         raise PlanError(f"the plan chose {cand.label}: building 2:4 sparse models is not supported yet — relax the "
                         "budget that binds, or plan without --eval")
-    with tempfile.TemporaryDirectory(prefix="edgekit-refine-") as tmp:
+    with work_dir("edgekit-refine-") as tmp:
         work = Path(tmp)
         build = Path(out) if out else work / "build"
         tgt = load_target(plan.target)

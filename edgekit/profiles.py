@@ -38,7 +38,7 @@ OpClass = Literal["dwconv", "gemm"]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True, allow_inf_nan=False)
 
 
 class PowerMode(_Strict):
@@ -235,13 +235,13 @@ def target_files() -> dict[str, Path]:
     return {p.stem: p for p in sorted(data_dir("targets").glob("*.toml"))}
 
 
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+def parse_overrides(items: list[str] | None, flag: str = "--set", example: str = "ram_mb=4096") -> dict[str, Any]:
     """``key=value`` strings to a dict; values are parsed as TOML (``8``, ``1.5``, ``"x"``, ``[..]``)."""
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip():
-            raise ProfileError(f"--set {item!r}: expected key=value, e.g. --set ram_mb=4096")
+            raise ProfileError(f"{flag} {item!r}: expected key=value, e.g. {flag} {example}")
         try:
             value = tomllib.loads(f"v = {raw.strip()}")["v"]
         except tomllib.TOMLDecodeError:

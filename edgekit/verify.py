@@ -48,7 +48,9 @@ class Verification:
 
     @property
     def passed(self) -> bool:
-        return not self.failures
+        """The one verdict: every output check passed and no failure was recorded (an output check that
+        fails always records its failure too; either alone fails the build)."""
+        return not self.failures and all(o.passed for o in self.outputs)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -86,23 +88,31 @@ def verify(
     for name, r, g in zip(names, ref, got, strict=True):
         g = g.astype(np.float64).reshape(r.shape)
         r64 = r.astype(np.float64)
+        nonfinite = int(np.count_nonzero(~np.isfinite(g))) + int(np.count_nonzero(~np.isfinite(r64)))
         err = float(np.max(np.abs(g - r64))) if r.size else 0.0
         scale = float(np.max(np.abs(r64))) if r.size else 0.0
         rel = err / scale if scale > 0 else err
         agree = None
         if is_classifier(r):
             agree = float(np.mean(np.argmax(g, axis=1) == np.argmax(r64, axis=1)))
-        ok = rel <= tol.max_rel_error and (agree is None or agree >= tol.min_top1_agreement)
+        # written so that NaN fails: `not (nan <= tol)` is True
+        rel_ok = bool(rel <= tol.max_rel_error) and not nonfinite
+        agree_ok = agree is None or bool(agree >= tol.min_top1_agreement)
         checks.append(
             OutputCheck(name, err, scale, rel, tol.max_rel_error, agree,
-                        tol.min_top1_agreement if agree is not None else None, ok)
+                        tol.min_top1_agreement if agree is not None else None, rel_ok and agree_ok)
         )
-        if rel > tol.max_rel_error:
+        if nonfinite:
+            failures.append(
+                f"output {name!r}: {nonfinite} non-finite value(s) (NaN/Inf) in the float or converted outputs "
+                "on the golden inputs"
+            )
+        elif not rel_ok:
             failures.append(
                 f"output {name!r}: max error {err:.4g} is {rel:.2%} of the output range {scale:.4g} "
                 f"(tolerance {tol.max_rel_error:.2%} at {precision})"
             )
-        if agree is not None and agree < tol.min_top1_agreement:
+        if not agree_ok:
             failures.append(
                 f"output {name!r}: top-1 agrees with float on {agree:.1%} of {len(r)} golden samples "
                 f"(needs {tol.min_top1_agreement:.0%} at {precision})"
@@ -122,7 +132,7 @@ def verify(
         v.eval_samples = n
         v.max_accuracy_drop_points = tol.max_accuracy_drop_points
         drop = 100 * (v.float_accuracy - v.converted_accuracy)
-        if drop > tol.max_accuracy_drop_points:
+        if not drop <= tol.max_accuracy_drop_points:  # NaN fails too
             v.failures.append(
                 f"accuracy on {eval_data.source}: {v.converted_accuracy:.2%} converted vs {v.float_accuracy:.2%} "
                 f"float, a drop of {drop:.2f} points (tolerance {tol.max_accuracy_drop_points} at {precision})"

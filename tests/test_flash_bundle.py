@@ -13,7 +13,7 @@ import pytest
 from flash_support import bundle_file_count, digits_build, digits_bundle
 
 from edgekit.bundle import BundleError, make_bundle, unpack
-from edgekit.flash import flash
+from edgekit.flash import STAGING_MARK, FlashError, flash
 from edgekit.fsutil import sha256_file
 from edgekit.smoke import smoke
 from edgekit.transports.local import LocalTransport
@@ -143,6 +143,11 @@ def test_flash_and_smoke_local_transport(tmp_path):
     Path(dest + ".staging").mkdir()
     (Path(dest + ".staging") / "stray.bin").write_bytes(b"from another bundle")
     shutil.copy(digits_build() / "run.py", dest + ".staging/run.py")
+    # without edgekit's staging mark the folder is not edgekit's: refused, nothing in it touched
+    with pytest.raises(FlashError, match="edgekit did not make it"):
+        flash(digits_bundle(), t, dest=dest)
+    assert (Path(dest + ".staging") / "stray.bin").exists()
+    (Path(dest + ".staging") / STAGING_MARK).write_text("edgekit staging folder\n")  # as an interrupted flash leaves it
     r3 = flash(digits_bundle(), t, dest=dest)
     assert r3.skipped == ["run.py"] and len(r3.uploaded) == bundle_file_count() - 1 and not (Path(dest) / "stray.bin").exists()
     s = smoke(digits_bundle(), t, dest=dest, python=sys.executable)

@@ -123,6 +123,18 @@ class Transport:
     def remove(self, path: str) -> None:
         self.check(["rm", "-f", "--", path], f"remove {path}")
 
+    def is_dir(self, path: str) -> bool:
+        """A real folder (not a link to one)."""
+        return self.run(["sh", "-c", '[ -d "$1" ] && [ ! -L "$1" ]', "sh", path])[0] == 0
+
+    def list_entries(self, root: str) -> list[str]:
+        """Everything under ``root`` that is not a folder (files, links, fifos ...), relative to it."""
+        rc, out = self.run(["find", root, "-mindepth", "1", "!", "-type", "d"])
+        if rc != 0:
+            return []
+        pre = root.rstrip("/") + "/"
+        return sorted(ln[len(pre):] for ln in out.splitlines() if ln.startswith(pre))
+
     def list_files(self, root: str) -> list[str]:
         """Regular files under ``root``, as paths relative to it."""
         rc, out = self.run(["find", root, "-type", "f"])

@@ -70,6 +70,13 @@ class LocalTransport(Transport):
     def copy_file(self, src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
+    def is_dir(self, path: str) -> bool:
+        return os.path.isdir(path) and not os.path.islink(path)
+
+    def list_entries(self, root: str) -> list[str]:
+        base = Path(root)
+        return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_symlink() or not p.is_dir())
+
     def list_files(self, root: str) -> list[str]:
         base = Path(root)
         return sorted(p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file() and not p.is_symlink())
