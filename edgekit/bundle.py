@@ -111,7 +111,11 @@ def validate_manifest(man: Any, where: str) -> dict[str, Any]:
     if not isinstance(runner, dict):
         raise bad("runner", "is not a table")
     entry = runner.get("entry", "run.py")
-    if not isinstance(entry, str) or _check_name(entry) not in files:
+    try:
+        inside = isinstance(entry, str) and _check_name(entry) in files
+    except BundleError:
+        inside = False
+    if not inside:
         raise bad("runner.entry", f"is {str(entry)[:60]!r}, not a file of the bundle")
     python = runner.get("python")
     if python is not None and (not isinstance(python, str) or not _PYTHON.match(python)):

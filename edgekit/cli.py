@@ -258,6 +258,8 @@ def main() -> None:
     from edgekit import fsutil
 
     fsutil.notice = lambda m: err.print(f"[dim]note: {m}[/]", highlight=False, soft_wrap=True)
+    # Ctrl-C unwinds too, even where the shell started edgekit with SIGINT ignored (a background job)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         if sig is not None:
             signal.signal(sig, _terminate)
@@ -269,7 +271,8 @@ def main() -> None:
     except OSError as exc:
         if exc.errno not in _ENV_ERRNOS:
             raise
-        where = f"{exc.filename}: " if exc.filename else ""
+        name = exc.filename2 or exc.filename  # a copy reports (source, destination): the destination is full
+        where = f"{name}: " if name else ""
         err.print(f"[bold red]error:[/] {where}{_ENV_ERRNOS[exc.errno]}; free space, fix the permissions, or choose "
                   "another folder (-o, TMPDIR)", highlight=False, soft_wrap=True)
         sys.exit(2)

@@ -120,7 +120,7 @@ def work_dir(prefix: str = "edgekit-", parent: str | Path | None = None) -> Iter
     """A scratch folder (in TMPDIR unless ``parent``), removed on exit, on errors and on SIGTERM/SIGINT (the CLI
     turns those into exceptions); after a SIGKILL the next run's :func:`sweep_stale` removes it."""
     parent = Path(parent or tempfile.gettempdir())
-    sweep_stale(parent, prefix)
+    sweep_stale(parent, "edgekit-")  # every kind of edgekit work folder (bundle, plan, calib ...) a killed run left
     path, fd, lock = _new_locked(parent, prefix)
     try:
         yield path

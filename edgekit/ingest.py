@@ -155,7 +155,7 @@ def load_model(
     if suffix in (".pt2", ".pt", ".pth", ".ts", ".torchscript", ".jit"):
         return _load_torch_file(path, shapes, trust_pickle)
     if suffix in KERAS_SUFFIXES:
-        return _load_keras(path, shapes)
+        return _load_keras(path, shapes, trust_pickle)
     raise ModelLoadError(
         f"{src}: unknown model file type {suffix or '(none)'}; edgekit reads .pt2 (torch.export), "
         ".pt/.pth (TorchScript or, with --trust-pickle, a pickled module), .onnx, .keras/.h5 (Keras), "
@@ -431,7 +431,7 @@ def _tf() -> Any:
     return require("tensorflow", TF_EXTRA)
 
 
-def _load_keras(path: Path, shapes) -> Model:
+def _load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
     if path.suffix.lower() == ".keras" and not zipfile.is_zipfile(path):  # checked before importing TensorFlow
         raise ModelLoadError(
             f"{path}: not a Keras archive (a .keras file is a zip; this one is truncated or another format); "
@@ -441,8 +441,14 @@ def _load_keras(path: Path, shapes) -> Model:
     keras = require("keras", TF_EXTRA)
     digest = sha256_file(path)
     try:
-        km = keras.models.load_model(str(path), compile=False)
+        # safe_mode: a Lambda layer's Python bytecode is not deserialized (Keras refuses it) unless trusted
+        km = keras.models.load_model(str(path), compile=False, safe_mode=not trust_pickle)
     except Exception as exc:  # keras / h5py raise many types for damaged or foreign files
+        if "safe_mode" in str(exc) or "Lambda" in str(exc):
+            raise ModelLoadError(
+                f"{path}: the model holds a Lambda layer (Python code that loading would run); "
+                "pass --trust-pickle if you trust its source, or replace the Lambda with a built-in layer"
+            ) from None
         raise ModelLoadError(
             f"{path}: Keras cannot load the model ({type(exc).__name__}: {_first_line(exc)}); "
             "is the file complete? re-save it with model.save('model.keras')"

@@ -10,6 +10,7 @@ is marked failed in the manifest, and the call raises VerificationError afterwar
 from __future__ import annotations
 
 import json
+import os
 import platform
 import shutil
 import time
@@ -26,7 +27,7 @@ from edgekit import __version__
 from edgekit.analyze import ModelStats, analyze_model
 from edgekit.data import Dataset, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError, VerificationError
-from edgekit.fsutil import atomic_dir, sha256_file, work_dir
+from edgekit.fsutil import atomic_dir, check_replaceable, sha256_file, work_dir
 from edgekit.ingest import Model, check_target_takes, load_model
 from edgekit.planner import plan_section
 from edgekit.profiles import Board, Target, data_dir, default_board, load_board, load_target
@@ -120,6 +121,7 @@ def convert(
     if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
         raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
                              "or leave it out for the target's default")
+    check_replaceable(Path(os.path.abspath(out)))  # a foreign -o is refused before minutes of work, and again at the end
     tgt = load_target(target)
     options = check_options(tgt.converter, options) or None
     brd = load_board(board, board_set) if board else default_board(target)

@@ -11,7 +11,8 @@ member by member *before* torch reads it:
 - pickled Python objects that torch loads with plain ``pickle.loads`` (``opaque_obj*``
   constants) and torchbind objects (``custom_obj*``) are refused outright;
 - symbolic-shape expressions in ``models/*.json`` (which torch parses with
-  ``sympy.sympify``, i.e. ``eval``) must be plain arithmetic over shape symbols.
+  ``sympy.sympify``, i.e. ``eval``) must be plain arithmetic over shape symbols, and its
+  ``guards_code`` lines (which ``ExportedProgram.module()`` ``exec``s) plain shape checks.
 
 The same scanner checks TorchScript's ``data.pkl``/``constants.pkl``, where classes are
 ``__torch__.*`` names resolved by TorchScript's own type system, not by a Python import.
@@ -121,6 +122,37 @@ def check_sym_expr(text: str) -> bool:
     return True
 
 
+_GUARD_ATTRS = {"size", "stride", "storage_offset", "dim", "numel", "isnan", "inf", "pi"}
+_GUARD_NAMES = {"L", "math", "inf"} | _SYMPY_NAMES
+
+
+def check_guard(code: str) -> bool:
+    """True when ``code`` (one of a .pt2's ``guards_code`` lines, which ``ExportedProgram.module()`` pastes into
+    Python and ``exec``s) is a plain shape check such as ``L['x'].size()[0] <= 64``: comparisons, arithmetic and
+    subscripts over ``L``, ``.size()``/``.stride()`` calls, numbers and strings; no other name, no dunder."""
+    import ast
+
+    try:
+        tree = ast.parse(code, mode="eval")
+    except (SyntaxError, ValueError, RecursionError):
+        return False
+    allowed = (ast.Expression, ast.Compare, ast.BoolOp, ast.UnaryOp, ast.BinOp, ast.Constant, ast.Name, ast.Load,
+               ast.Subscript, ast.Attribute, ast.Call, ast.Tuple, ast.Slice, ast.cmpop, ast.boolop, ast.unaryop,
+               ast.operator)
+    for node in ast.walk(tree):
+        if not isinstance(node, allowed):
+            return False
+        if isinstance(node, ast.Name) and node.id not in _GUARD_NAMES:
+            return False
+        if isinstance(node, ast.Attribute) and node.attr not in _GUARD_ATTRS:
+            return False
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and "__" in node.value:
+            return False
+        if isinstance(node, ast.Call) and (node.keywords or not isinstance(node.func, (ast.Attribute, ast.Name))):
+            return False
+    return True
+
+
 def _sym_exprs(node: object) -> Iterable[str]:
     if isinstance(node, dict):
         for k, v in node.items():
@@ -210,6 +242,13 @@ def _check_model_json(raw: bytes, source: str, member: str) -> None:
         doc = json.loads(raw)
     except ValueError:
         raise ModelLoadError(f"{source}: member {member} is not valid JSON; the archive is damaged: re-export") from None
+    guards = doc.get("guards_code", []) if isinstance(doc, dict) else []
+    for code in guards if isinstance(guards, list) else [str(guards)]:
+        if not isinstance(code, str) or not check_guard(code):
+            raise ModelLoadError(
+                f"{source}: member {member} holds a guard {str(code)[:60]!r} that is not a plain shape check "
+                f"(torch.export pastes guards into Python and runs them); {TRUST_FIX}"
+            )
     for expr in _sym_exprs(doc):
         if not check_sym_expr(expr):
             raise ModelLoadError(
