@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import math
 import os
 import posixpath
 import re
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.errors import EdgekitError
-from edgekit.fsutil import sha256_file, work_dir
+from edgekit.fsutil import sha256_file, size_limit, work_dir
 
 MANIFEST = "manifest.json"
 
@@ -51,15 +50,7 @@ _PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+/)?python[0-9.]*$")
 
 def max_bundle_bytes(max_mb: float | None = None) -> int:
     """The cap on a bundle's unpacked size: ``max_mb``, else ``$EDGEKIT_MAX_BUNDLE_MB``, else 1 GiB."""
-    if max_mb is None:
-        env = os.environ.get(MAX_BUNDLE_MB_ENV)
-        try:
-            max_mb = float(env) if env else DEFAULT_MAX_BUNDLE_MB
-        except ValueError:
-            raise BundleError(f"${MAX_BUNDLE_MB_ENV}={env!r}: expected a number of MB") from None
-    if not math.isfinite(max_mb) or max_mb <= 0:
-        raise BundleError(f"--max-bundle-mb {max_mb}: expected a positive number of MB")
-    return int(max_mb * (1 << 20))
+    return size_limit(max_mb, MAX_BUNDLE_MB_ENV, DEFAULT_MAX_BUNDLE_MB, "--max-bundle-mb", BundleError, 1 << 20)
 
 
 def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:

@@ -249,8 +249,14 @@ _ENV_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the fi
                errno.EDQUOT: "disk quota exceeded", errno.EACCES: "permission denied", errno.EPERM: "not permitted"}
 
 
-def _terminate(signum: int, _frame: object) -> None:
-    """SIGTERM / SIGHUP unwind like Ctrl-C: every temporary folder and staging sibling is removed on the way out."""
+def _stop(signum: int, _frame: object) -> None:
+    """SIGINT, SIGTERM and SIGHUP unwind: every temporary folder and staging sibling is removed on the way out.
+    The signal is remembered too (fsutil.check_stop), in case a toolchain swallows the exception."""
+    from edgekit import fsutil
+
+    fsutil.stop_signal = signum
+    if signum == signal.SIGINT:
+        raise KeyboardInterrupt
     raise SystemExit(128 + signum)
 
 
@@ -259,12 +265,15 @@ def main() -> None:
 
     fsutil.notice = lambda m: err.print(f"[dim]note: {m}[/]", highlight=False, soft_wrap=True)
     # Ctrl-C unwinds too, even where the shell started edgekit with SIGINT ignored (a background job)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         if sig is not None:
-            signal.signal(sig, _terminate)
+            signal.signal(sig, _stop)
     try:
-        app()  # click's standalone mode handles usage errors (exit 2) and Ctrl-C
+        app()  # click's standalone mode handles usage errors (exit 2) and Ctrl-C ("Aborted!", exit 1)
+    except SystemExit as exc:
+        if fsutil.stop_signal is not None and not exc.code:  # a toolchain swallowed the signal: still stopped
+            sys.exit(128 + fsutil.stop_signal)
+        raise
     except EdgekitError as exc:
         err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)

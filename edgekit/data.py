@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.errors import InputSpecError
+from edgekit.fsutil import size_limit
 from edgekit.ingest import Model
 
 LABEL_KEYS = ("label", "labels", "y", "target", "targets")
@@ -42,18 +43,8 @@ DEFAULT_MAX_DATA_MB = 1024.0
 
 
 def max_data_bytes(max_mb: float | None = None) -> int:
-    """The cap on the arrays one data file may expand to: ``max_mb``, else ``$EDGEKIT_MAX_DATA_MB``, else 1 GiB."""
-    import os
-
-    if max_mb is None:
-        env = os.environ.get(MAX_DATA_MB_ENV)
-        try:
-            max_mb = float(env) if env else DEFAULT_MAX_DATA_MB
-        except ValueError:
-            raise InputSpecError(f"${MAX_DATA_MB_ENV}={env!r}: expected a number of MB") from None
-    if not np.isfinite(max_mb) or max_mb <= 0:
-        raise InputSpecError(f"--max-data-mb {max_mb}: expected a positive number of MB")
-    return int(max_mb * 1e6)
+    """The cap on the arrays one data file may expand to: ``max_mb``, else ``$EDGEKIT_MAX_DATA_MB``, else 1 GB."""
+    return size_limit(max_mb, MAX_DATA_MB_ENV, DEFAULT_MAX_DATA_MB, "--max-data-mb", InputSpecError)
 
 
 def _npy_header(fh, what: str, key: str) -> tuple[tuple[int, ...], np.dtype]:

@@ -27,6 +27,22 @@ def data_root() -> Path:
     return Path(user_data_dir("edgekit", appauthor=False))
 
 
+def size_limit(max_mb: float | None, env: str, default_mb: float, flag: str, error: type[Exception],
+               unit: int = 1_000_000) -> int:
+    """A size cap in bytes: ``max_mb`` (a CLI flag), else ``$env``, else ``default_mb``; ``unit`` is the MB."""
+    import math
+
+    if max_mb is None:
+        raw = os.environ.get(env)
+        try:
+            max_mb = float(raw) if raw else default_mb
+        except ValueError:
+            raise error(f"${env}={raw!r}: expected a number of MB") from None
+    if not math.isfinite(max_mb) or max_mb <= 0:
+        raise error(f"{flag} {max_mb}: expected a positive number of MB")
+    return int(max_mb * unit)
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -51,6 +67,17 @@ def sha256_tree(path: Path) -> str:
 LOCK_SUFFIX = ".lock"
 _LOCK_TAG = "edgekit "
 notice: Callable[[str], None] = lambda msg: None  # the CLI points this at its console (stale folders removed)
+stop_signal: int | None = None  # set by the CLI's SIGINT/SIGTERM handler: no output is renamed into place after it
+
+
+def check_stop() -> None:
+    """Raise again for a signal whose exception a toolchain swallowed: a stopped run never finishes an output."""
+    if stop_signal is not None:
+        import signal
+
+        if stop_signal == signal.SIGINT:
+            raise KeyboardInterrupt
+        raise SystemExit(128 + stop_signal)
 
 
 def _hold_lock(lock: Path) -> int:
@@ -200,8 +227,8 @@ def check_replaceable(dest: Path, flag: str = "-o") -> None:
     if foreign:
         shown = ", ".join(foreign[:8]) + (f" and {len(foreign) - 8} more" if len(foreign) > 8 else "")
         raise OutputError(
-            f"{dest} holds files edgekit did not write ({shown}); edgekit replaces only its own outputs: "
-            f"choose another folder with {flag}"
+            f"{dest} is not an edgekit output: it holds files edgekit did not write ({shown}); edgekit replaces "
+            f"only its own outputs: choose another folder with {flag}"
         )
 
 
@@ -234,6 +261,7 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
+        check_stop()
         check_replaceable(dest)  # again: something may have appeared in it while we worked
         old = None
         if dest.exists():

@@ -142,7 +142,7 @@ def load_model(
         raise ModelLoadError(f"{src}: no such file (give a model file or pkg.module:factory)")
     if path.is_dir():
         if (path / "saved_model.pb").is_file():
-            return _load_saved_model(path, shapes)
+            return _load_saved_model(path, shapes, trust_pickle)
         raise ModelLoadError(
             f"{src} is a folder without saved_model.pb; give the model file (.pt2, .onnx, .pt, .keras, .h5) "
             "or a TensorFlow SavedModel folder"
@@ -212,8 +212,9 @@ def _load_torch_file(path: Path, shapes, trust_pickle: bool) -> Model:
                 with quiet_logs():
                     ep = torch.export.load(f)
             except Exception as exc:  # torch raises many types for damaged archives
+                why = _first_line(exc).replace(" Please check the warnings above for possible errors.", "")
                 raise ModelLoadError(
-                    f"{path}: cannot read the ExportedProgram ({type(exc).__name__}: {_first_line(exc)[:200]}); "
+                    f"{path}: cannot read the ExportedProgram ({type(exc).__name__}: {why[:200]}); "
                     "is the file complete? re-export with torch.export.save"
                 ) from None
             return _from_exported(str(path), digest, ep, shapes)
@@ -428,7 +429,35 @@ def _tf() -> Any:
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    return require("tensorflow", TF_EXTRA)
+    if sys.modules.get("tensorflow") is not None:
+        return sys.modules["tensorflow"]
+    with quiet_fd2():  # absl prints oneDNN / "InitializeLog" lines at import whatever TF_CPP_MIN_LOG_LEVEL says
+        return require("tensorflow", TF_EXTRA)
+
+
+@contextlib.contextmanager
+def quiet_fd2() -> Iterator[None]:
+    """Send what C/C++ code writes to file descriptor 2 during the block to a scratch file (a user reads
+    "Failed to load"/"WARNING" lines as failures); on an error its last lines are shown after all."""
+    import os
+    import tempfile
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield
+        except BaseException:
+            os.dup2(saved, 2)
+            sink.seek(0)
+            tail = sink.read().decode(errors="replace").strip().splitlines()[-5:]
+            if tail:
+                sys.stderr.write("\n".join(tail) + "\n")
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
 
 
 def _load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
@@ -486,10 +515,12 @@ def _keras_layers(km: Any) -> list[Any]:
         return list(getattr(km, "layers", []))
 
 
-def _load_saved_model(path: Path, shapes) -> Model:
+def _load_saved_model(path: Path, shapes, trust_pickle: bool = False) -> Model:
     from edgekit.fsutil import sha256_tree
+    from edgekit.safety import check_saved_model
 
     tf = _tf()
+    check_saved_model(path, str(path), trust_pickle)  # a graph that touches files or calls Python: trusted only
     digest = sha256_tree(path)
     try:
         loaded = tf.saved_model.load(str(path))

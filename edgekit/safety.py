@@ -168,22 +168,56 @@ def _sym_exprs(node: object) -> Iterable[str]:
             yield from _sym_exprs(v)
 
 
-def _pickled_by_config(zf: zipfile.ZipFile, names: list[str]) -> set[str]:
-    """Members that a .pt2's weights/constants configs mark ``use_pickle`` (torch.load(weights_only=False))."""
-    out = set()
+# torch.export's serialized ScalarType -> bytes per element (torch/_export/serde/schema.py)
+_ITEMSIZE = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 2, 7: 4, 8: 8, 9: 4, 10: 8, 11: 16, 12: 1, 13: 2, 28: 2,
+             29: 1, 30: 1, 31: 1, 32: 1, 33: 1, 34: 4, 35: 8}
+
+
+def _needed_bytes(meta: dict) -> int | None:
+    """Bytes a raw (not pickled) tensor payload must hold, from its tensor_meta; None when it cannot tell."""
+    try:
+        tm = meta["tensor_meta"]
+        item = _ITEMSIZE[int(tm["dtype"])]
+        sizes = [int(s["as_int"]) for s in tm["sizes"]]
+        strides = [int(s["as_int"]) for s in tm["strides"]]
+        offset = int(tm.get("storage_offset", {}).get("as_int", 0))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    if any(s == 0 for s in sizes):
+        return 0
+    return (offset + sum((n - 1) * st for n, st in zip(sizes, strides, strict=False)) + 1) * item
+
+
+def _payload_configs(zf: zipfile.ZipFile, names: list[str], source: str) -> Iterable[tuple[str, str, dict]]:
+    """(member, tensor name, payload meta) for every weight/constant a .pt2's ``*_config.json`` lists."""
     for n in names:
         if not n.endswith("_config.json") or "/data/" not in f"/{n}":
             continue
         try:
             cfg = json.loads(zf.read(n))
         except ValueError:
-            raise ModelLoadError(f"member {n} is not valid JSON; the archive is damaged: re-export the model") from None
+            raise ModelLoadError(f"{source}: member {n} is not valid JSON; the archive is damaged: re-export the model") from None
         base = n.rsplit("/", 1)[0]
         entries = cfg.get("config", {}) if isinstance(cfg, dict) else {}
-        for meta in entries.values() if isinstance(entries, dict) else []:
-            if isinstance(meta, dict) and meta.get("use_pickle"):
-                out.add(f"{base}/{meta.get('path_name', '')}")
-    return out
+        for fqn, meta in entries.items() if isinstance(entries, dict) else []:
+            if isinstance(meta, dict):
+                yield f"{base}/{meta.get('path_name', '')}", fqn, meta
+
+
+def _check_payload_sizes(zf: zipfile.ZipFile, names: list[str], source: str) -> None:
+    """Every raw weight/constant member holds at least the bytes its tensor needs: a member cut short is named
+    here (torch would only log warnings and fail with "check the warnings above")."""
+    sizes = {i.filename: i.file_size for i in zf.infolist()}
+    for member, fqn, meta in _payload_configs(zf, names, source):
+        if meta.get("use_pickle"):
+            continue
+        need = _needed_bytes(meta)
+        if member not in sizes:
+            raise ModelLoadError(f"{source}: the archive lacks member {member} (tensor {fqn}); the file is "
+                                 "incomplete: re-export the model")
+        if need is not None and sizes[member] < need:
+            raise ModelLoadError(f"{source}: member {member} holds {sizes[member]:,} bytes, tensor {fqn} needs "
+                                 f"{need:,}; the file is damaged or cut short: re-export the model")
 
 
 def check_torch_archive(f: IO[bytes], source: str, trust_pickle: bool, *, max_expand: int = 100) -> None:
@@ -213,11 +247,12 @@ def check_torch_archive(f: IO[bytes], source: str, trust_pickle: bool, *, max_ex
                 f"{source}: member {bad_member} fails its CRC check (the file was changed or damaged after saving); "
                 "re-save or re-download the model"
             )
+        names = [i.filename for i in infos]
+        _check_payload_sizes(zf, names, source)
         if trust_pickle:
             return
-        names = [i.filename for i in infos]
         torchscript = any(n.split("/", 1)[-1].startswith("code/") for n in names)
-        by_config = _pickled_by_config(zf, names)
+        by_config = {member for member, _, meta in _payload_configs(zf, names, source) if meta.get("use_pickle")}
         for n in names:
             short = n.split("/", 1)[-1]
             leaf = n.rsplit("/", 1)[-1]
@@ -280,4 +315,55 @@ def _check_pickled(data: bytes, source: str, member: str, torchscript: bool) -> 
         raise ModelLoadError(
             f"{source}: member {member} imports {', '.join(bad[:3])} when unpickled, outside torch's weights-only "
             f"allowlist: loading it could run code from the file; {TRUST_FIX}"
+        )
+
+
+# ---------------------------------------------------------------- TensorFlow SavedModel
+
+# TF ops that touch the file system (or run code registered by name) when the graph runs: a SavedModel's serving
+# function has no business calling them. The checkpoint ops are allowed only in the saver's own functions.
+_TF_FILE_OPS = {
+    "WriteFile", "ReadFile", "MatchingFiles", "DeleteFile", "PyFunc", "PyFuncStateless", "EagerPyFunc",
+    "ImmutableConst", "InitializeTableFromTextFile", "InitializeTableFromTextFileV2", "PrintV2",
+    "CreateSummaryFileWriter", "WriteSummary", "WriteScalarSummary", "WriteRawProtoSummary", "WriteGraphSummary",
+    "DatasetToTFRecord", "SaveDataset", "SaveDatasetV2", "ExperimentalDatasetToTFRecord", "TFRecordDataset",
+    "TFRecordDatasetV2", "FixedLengthRecordDataset", "TextLineDataset", "LoadDataset", "DebugIdentityV2",
+    "DebugIdentityV3",
+}
+_TF_CHECKPOINT_OPS = {"SaveV2", "Save", "SaveSlices", "MergeV2Checkpoints", "RestoreV2", "Restore", "RestoreSlice",
+                      "ShardedFilename", "ShardedFilespec"}
+_SAVER_FUNCTION = re.compile(r"_traced_(save|restore)|^save_fn|^restore_fn|_save_fn|_restore_fn")
+
+
+def check_saved_model(folder, source: str, trust_pickle: bool) -> None:
+    """Refuse a SavedModel whose graph would read, write or delete files, or call Python, when it runs
+    (``saved_model.pb`` is parsed with TensorFlow's own protobuf classes; nothing in it runs here)."""
+    if trust_pickle:
+        return
+    from pathlib import Path
+
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    pb = Path(folder) / "saved_model.pb"
+    sm = saved_model_pb2.SavedModel()
+    try:
+        sm.ParseFromString(pb.read_bytes())
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and others
+        raise ModelLoadError(f"{source}: TensorFlow cannot load the SavedModel (saved_model.pb does not parse: "
+                             f"{type(exc).__name__}); is the folder complete? re-export it") from None
+    bad: list[str] = []
+    for mg in sm.meta_graphs:
+        for node in mg.graph_def.node:
+            if node.op in _TF_FILE_OPS:
+                bad.append(f"{node.op} (graph node {node.name})")
+        for fn in mg.graph_def.library.function:
+            saver = bool(_SAVER_FUNCTION.search(fn.signature.name))
+            for node in fn.node_def:
+                if node.op in _TF_FILE_OPS or (node.op in _TF_CHECKPOINT_OPS and not saver):
+                    bad.append(f"{node.op} (in {fn.signature.name})")
+    if bad:
+        raise ModelLoadError(
+            f"{source}: the SavedModel's graph holds ops that read or write files or call Python when it runs: "
+            f"{', '.join(sorted(set(bad))[:4])}; edgekit runs such graphs only with --trust-pickle (a SavedModel is "
+            "code: trust it only from a source you trust)"
         )

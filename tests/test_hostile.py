@@ -109,13 +109,21 @@ def run_case(c: Case, base: Path) -> dict:
             p = subprocess.run(argv, env=env, cwd=s, capture_output=True, text=True, timeout=600)
             rc, out, err = p.returncode, p.stdout, p.stderr
         err_lines = [ln for ln in err.strip().splitlines() if ln.startswith("error:")]
+        # edgekit's own stderr: the error, stage ticks, indented logs, notes/warnings; anything else is a
+        # toolchain's noise printed before the error (a user reads "Failed to load ..." as the failure)
+        first_error = next((i for i, ln in enumerate(err.splitlines()) if ln.startswith("error:")), None)
+        noise = [ln for ln in err.splitlines()[:first_error] if ln.strip()
+                 and not ln.startswith(("error:", "✓", "  ", "note:", "warning:"))] if first_error is not None else []
         res = {
             "case": c.name, "group": c.group, "rc": rc, "stderr": err,
             "traceback": "Traceback" in err or "Traceback" in out,
             "payload_ran": marker.exists() or any(v.rglob("*.RAN")),
             "victim_changed": _snapshot(v) != before,
-            "left_behind": _leftovers(s),
-            "clean_error": bool(err_lines) and len(err_lines) == 1 and bool(re.search(c.stderr, err, re.I | re.S)),
+            "left_behind": _leftovers(s) + (["{S}/out (a stopped run finished its output)"]
+                                            if c.signal in ("TERM", "INT") and (s / "out").exists() else []),
+            "clean_error": bool(err_lines) and len(err_lines) == 1 and bool(re.search(c.stderr, err, re.I | re.S))
+            and not noise,
+            "noise": noise,
         }
         if not c.one_line:
             res["clean_error"] = bool(re.search(c.stderr, err, re.I | re.S)) if c.stderr else True
@@ -145,7 +153,8 @@ def test_hostile_corpus(tmp_path_factory):
         if r["traceback"]:
             problems.append("traceback")
         if not r["clean_error"]:
-            problems.append(f"error does not match {c.stderr!r}")
+            problems.append(f"error does not match {c.stderr!r}" + (f" or noise before it: {r['noise'][:2]}"
+                                                                     if r.get("noise") else ""))
         if r["payload_ran"]:
             problems.append("PAYLOAD RAN")
         if r["victim_changed"]:
