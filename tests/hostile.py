@@ -44,7 +44,8 @@ class Case:
     exit: int | tuple[int, ...] = 2
     build: Callable[[Path, Path, Path], None] | None = None  # (scratch, victim, marker) -> files
     env: dict[str, str] = field(default_factory=dict)
-    signal: str | None = None  # TERM | INT | KILL: sent once the output's staging sibling exists
+    signal: str | None = None  # TERM | INT | KILL: sent once ``signal_when`` (a glob in the scratch folder) exists
+    signal_when: str = ".out.tmp-*"
     needs_mount: bool = False  # the case mounts a tiny tmpfs (root only); skipped where mount is refused
     one_line: bool = True
 
@@ -550,6 +551,9 @@ def cases() -> list[Case]:
           one_line=False),
         C("sigkill_then_next_run_sweeps", "signal", [*int8, "--calib", "{CALIB}"], r"removed \d+ folder",
           exit=0, signal="KILL", one_line=False),
+        C("sigkill_mid_flash_unpack_then_next_run_sweeps", "signal", ["flash", "{S}/b.tar.gz", "--board", "host"],
+          r"removed \d+ folder", exit=0, signal="KILL", signal_when="tmp/edgekit-bundle-*/*", one_line=False,
+          build=lambda s, v, m: bomb_bundle(s / "b.tar.gz", _good(s), 400 << 20)),
     ]
     return cs
 

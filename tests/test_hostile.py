@@ -69,9 +69,9 @@ def _run_signal(c: Case, argv: list[str], env: dict[str, str], s: Path) -> tuple
     """Start the command, send the signal once the output's staging sibling exists, then (KILL) run again."""
     proc = subprocess.Popen(argv, env=env, cwd=s, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while time.time() < deadline and proc.poll() is None and not list(s.glob(".out.tmp-*")):
-        time.sleep(0.05)
-    assert proc.poll() is None, f"{c.name}: finished before the staging sibling appeared"
+    while time.time() < deadline and proc.poll() is None and not list(s.glob(c.signal_when)):
+        time.sleep(0.02)
+    assert proc.poll() is None, f"{c.name}: finished before {c.signal_when} appeared"
     proc.send_signal(SIGNALS[c.signal])
     out, err = proc.communicate(timeout=120)
     if c.signal != "KILL":
