@@ -13,7 +13,9 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from edgekit.errors import ProfileError
 
@@ -24,13 +26,81 @@ if TYPE_CHECKING:  # pragma: no cover
     from edgekit.ingest import Model
     from edgekit.profiles import Board, Target
 
-# name -> module path (lazily imported)
-REGISTRY: dict[str, str] = {
-    "hls4ml": "edgekit.converters.hls4ml",
-    "tensorrt": "edgekit.converters.tensorrt",
-    "tflite": "edgekit.converters.tflite",
-    "coreml": "edgekit.converters.coreml",
+TORCH_INPUTS = ("exported_program", "torchscript", "factory", "pickle")
+
+
+class _Options(BaseModel):
+    """``--option key=value`` of a converter: unknown keys and bad values are refused, never dropped."""
+
+    model_config = ConfigDict(extra="forbid")
+    allow_float_fallback: bool = Field(False, description="build even where ops fall outside the target's list")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        return v.strip().lower() if isinstance(v, str) and v.strip().lower() in _CHOICE_WORDS else v
+
+
+class TensorRTOptions(_Options):
+    keep_float_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept out of INT8")
+
+    @field_validator("keep_float_nodes", mode="before")
+    @classmethod
+    def _names(cls, v: Any) -> Any:
+        return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+
+
+class TFLiteOptions(_Options):
+    io: Literal["int8", "float"] = Field("int8", description="int8 builds: int8 or float32 input/output tensors")
+    layout: Literal["nchw", "nhwc"] | None = Field(None, description="torch models: NHWC input (to_channel_last_io)")
+    threads: int = Field(2, ge=1, le=256, description="host interpreter threads for verification")
+
+
+class CoreMLOptions(_Options):
+    weight_threshold: int | None = Field(None, ge=0, description="weights with fewer elements stay fp16")
+
+
+class Hls4mlOptions(_Options):
+    fpga_scales: Literal["po2", "float"] = Field("po2", description="power-of-two or float quantizer scales")
+
+
+_CHOICE_WORDS = {"int8", "float", "nchw", "nhwc", "po2", "true", "false", "yes", "no", "on", "off"}
+
+
+@dataclass(frozen=True)
+class ConverterInfo:
+    """What a converter is and takes: the one place ingest, pipeline and profiles ask."""
+
+    module: str  # imported only when the converter runs
+    inputs: tuple[str, ...]  # model kinds (edgekit.ingest.Model.kind) it converts
+    precisions: tuple[str, ...]
+    extra: str  # pip extra that installs its toolchain
+    options: type[_Options]
+    float_fallback: bool = False  # ops outside the target's list may stay float (allow_float_fallback)
+    inputs_hint: str = ""  # what to do with a model kind it does not take
+
+
+CONVERTERS: dict[str, ConverterInfo] = {
+    "tensorrt": ConverterInfo("edgekit.converters.tensorrt", (*TORCH_INPUTS, "onnx"), ("fp32", "fp16", "int8"),
+                              "jetson", TensorRTOptions),
+    "tflite": ConverterInfo("edgekit.converters.tflite", (*TORCH_INPUTS, "keras", "saved_model"),
+                            ("fp32", "fp16", "int8-dynamic", "int8"), "android", TFLiteOptions, float_fallback=True,
+                            inputs_hint="export the torch model with torch.export.save"),
+    "coreml": ConverterInfo("edgekit.converters.coreml", TORCH_INPUTS,
+                            ("fp32", "fp16", "int8-weight", "int6-weight", "int4-weight", "prune-50", "int8"), "ios",
+                            CoreMLOptions, inputs_hint="give the .pt2 / TorchScript / pkg.module:factory the model "
+                            "came from (coremltools dropped its ONNX frontend)"),
+    "hls4ml": ConverterInfo("edgekit.converters.hls4ml", (*TORCH_INPUTS, "onnx"), ("int8", "int4"), "fpga",
+                            Hls4mlOptions),
 }
+# name -> module path (lazily imported)
+REGISTRY: dict[str, str] = {name: info.module for name, info in CONVERTERS.items()}
+
+
+def converter_info(name: str) -> ConverterInfo:
+    if name not in CONVERTERS:
+        raise ProfileError(f"unknown converter {name!r}; registered: {', '.join(sorted(CONVERTERS))}")
+    return CONVERTERS[name]
 
 
 @dataclass
@@ -89,54 +159,38 @@ def load_firmware(runner: str, module: str = "run") -> Any:
     return sys.modules[name]
 
 
-# What each converter takes as ``--option key=value``: name -> (kind, what it does). Kinds: "bool", "int>=N",
-# "choice:a|b", "list" (TOML list or comma-separated names). Checked before anything runs (check_options).
-COMMON_OPTIONS: dict[str, tuple[str, str]] = {
-    "allow_float_fallback": ("bool", "build even where ops fall outside the target's list (kept float, warned)"),
-}
-OPTIONS: dict[str, dict[str, tuple[str, str]]] = {
-    "tensorrt": {"keep_float_nodes": ("list", "ONNX node names kept out of INT8 quantization")},
-    "tflite": {
-        "io": ("choice:int8|float", "int8 builds: int8 (default) or float32 input/output tensors"),
-        "layout": ("choice:nchw|nhwc", "torch models: NHWC input via to_channel_last_io"),
-        "threads": ("int>=1", "host interpreter threads for verification (default 2)"),
-    },
-    "coreml": {"weight_threshold": ("int>=0", "weights with fewer elements stay fp16 when compressing")},
-    "hls4ml": {"fpga_scales": ("choice:po2|float", "power-of-two (default) or float quantizer scales")},
-}
-
-
 def check_options(converter: str, options: dict[str, Any] | None) -> dict[str, Any]:
-    """``--option`` values checked against what the converter declares, normalised (bools, ints, lists).
-    An unknown key or a bad value is a user error naming the key and what it takes."""
+    """``--option`` values validated by the converter's options model and normalised (bools, ints, lists);
+    returns only the keys the user gave. An unknown key or a bad value names the key and what it takes."""
+    from pydantic import ValidationError
+
     from edgekit.errors import ConversionError
 
-    known = {**COMMON_OPTIONS, **OPTIONS.get(converter, {})}
-    out: dict[str, Any] = {}
-    for key, value in (options or {}).items():
-        if key not in known:
-            listed = ", ".join(f"{k} ({kind})" for k, (kind, _) in sorted(known.items()))
-            raise ConversionError(f"--option {key}: not an option of converter {converter!r}; it takes: {listed}")
-        kind = known[key][0]
-        bad = f"--option {key}={value}: expected "
-        if kind == "bool":
-            out[key] = flag_option({key: value}, key)
-        elif kind.startswith("int>="):
-            low = int(kind[5:])
-            if isinstance(value, bool) or not isinstance(value, int) or value < low:
-                raise ConversionError(bad + f"an integer >= {low}")
-            out[key] = value
-        elif kind.startswith("choice:"):
-            choices = kind[7:].split("|")
-            if str(value).lower() not in choices:
-                raise ConversionError(bad + " or ".join(choices))
-            out[key] = str(value).lower()
-        elif kind == "list":
-            items = [v.strip() for v in value.split(",")] if isinstance(value, str) else value
-            if not isinstance(items, list) or not all(isinstance(v, str) and v for v in items):
-                raise ConversionError(bad + 'node names, e.g. --option keep_float_nodes=conv1,conv2 or ["conv1"]')
-            out[key] = items
-    return out
+    model = converter_info(converter).options
+    try:
+        parsed = model.model_validate(options or {})
+    except ValidationError as exc:
+        e = exc.errors()[0]
+        key = ".".join(str(x) for x in e["loc"][:1]) or "?"
+        takes = ", ".join(f"{k} ({_describe(f)})" for k, f in sorted(model.model_fields.items()))
+        if e["type"] == "extra_forbidden":
+            raise ConversionError(f"--option {key}: not an option of converter {converter!r}; it takes: {takes}") from None
+        raise ConversionError(f"--option {key}={(options or {}).get(key)}: {e['msg']}; it takes: {takes}") from None
+    return parsed.model_dump(exclude_unset=True)
+
+
+def _describe(field: Any) -> str:
+    from typing import get_args, get_origin
+
+    ann = field.annotation
+    lits = [x for a in (ann, *get_args(ann)) if get_origin(a) is Literal for x in get_args(a)]
+    if lits:
+        return " or ".join(map(str, lits))
+    if ann is bool:
+        return "true or false"
+    if int in (ann, *get_args(ann)):
+        return "an integer"
+    return "node names, comma-separated"
 
 
 _TRUE = ("true", "1", "yes", "on")
@@ -162,7 +216,5 @@ def flag_option(options: dict[str, Any] | None, key: str) -> bool:
 
 
 def get_converter(name: str) -> Converter:
-    if name not in REGISTRY:
-        raise ProfileError(f"unknown converter {name!r}; registered: {', '.join(sorted(REGISTRY))}")
-    module = importlib.import_module(REGISTRY[name])
+    module = importlib.import_module(converter_info(name).module)
     return module.CONVERTER

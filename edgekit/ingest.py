@@ -172,15 +172,29 @@ def source_kind(source: str | Path) -> str | None:
 
 
 def check_target_takes(model: Model | str | Path, target: Any) -> None:
-    """Refuse a model kind the target's converter cannot take: Keras / SavedModel go to android only.
-    Takes a loaded Model, or a path (checked by name before TensorFlow is imported)."""
+    """Refuse a model kind the target's converter does not take (the converter registry says which).
+    Takes a loaded Model, or a path (checked by name, before TensorFlow is imported, for Keras / SavedModel)."""
+    from edgekit.converters import CONVERTERS, converter_info
+
     kind, source = (model.kind, model.source) if isinstance(model, Model) else (source_kind(model), str(model))
-    if kind in TF_KINDS and target is not None and target.converter != "tflite":
-        what = "Keras" if kind == "keras" else "SavedModel"
-        raise ModelLoadError(
-            f"{source}: {what} input is supported for --target android only (TensorFlow's TFLiteConverter); "
-            f"export it to ONNX (e.g. with tf2onnx) for --target {target.name}"
-        )
+    if kind is None and not isinstance(model, Model) and str(model).lower().endswith(".onnx"):
+        kind = "onnx"
+    if kind is None or target is None:
+        return
+    info = converter_info(target.converter)
+    if kind in info.inputs:
+        return
+    from edgekit.profiles import list_targets
+
+    takers = sorted(t.name for t in list_targets() if kind in CONVERTERS[t.converter].inputs)
+    what = {"keras": "Keras", "saved_model": "SavedModel", "onnx": "ONNX"}.get(kind, kind)
+    fix = info.inputs_hint or "export it to a format the target takes"
+    if kind in TF_KINDS:
+        fix = f"export it to ONNX (e.g. with tf2onnx) for --target {target.name}"
+    raise ModelLoadError(
+        f"{source}: {what} input is supported for --target {', '.join(takers) or '(none)'} only, not "
+        f"{target.name} (its converter {target.converter!r} takes {', '.join(info.inputs)}); {fix}"
+    )
 
 
 # ---------------------------------------------------------------- torch

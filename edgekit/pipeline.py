@@ -114,7 +114,7 @@ def convert(
     that Model's ``analyze_model(model, work, target)`` result (stats, float graph), which is
     then not analyzed or exported again: the planner passes both for its builds.
     """
-    from edgekit.converters import ConvertJob, check_options, flag_option, get_converter
+    from edgekit.converters import ConvertJob, check_options, converter_info, flag_option, get_converter
 
     if isinstance(golden_count, bool) or not isinstance(golden_count, int) or golden_count < 1:
         raise InputSpecError(f"--golden {golden_count}: give the number of golden samples, at least 1 (default 16)")
@@ -171,7 +171,7 @@ def convert(
             elif stats.unsupported:
                 listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
                 fix = "replace them in the model or choose another target"
-                if tgt.converter == "tflite":  # android: such ops can stay float (audited after converting)
+                if converter_info(tgt.converter).float_fallback:  # such ops can stay float (audited after converting)
                     fix += ", or pass --option allow_float_fallback=true to keep them float"
                 raise UnsupportedOpError(f"target {tgt.name} cannot run {len(stats.unsupported)} op(s): {listed}; {fix}")
         golden_ds = eval_ds or calib_ds or random_dataset(m, n=golden_count)

@@ -318,7 +318,26 @@ def load_target(name: str) -> Target:
         raise ProfileError(_fmt_validation(path, exc)) from None
     if target.name != name:
         raise ProfileError(f"{path}: name says {target.name!r} but the file is {name!r}")
+    check_against_registry(target, path)
     return target
+
+
+def check_against_registry(target: Target, path: Path | str) -> None:
+    """A target profile agrees with its converter's registry entry: the converter exists, offers every
+    precision the target lists, and is installed by the target's extra."""
+    from edgekit.converters import CONVERTERS
+
+    info = CONVERTERS.get(target.converter)
+    if info is None:
+        raise ProfileError(f"{path}: converter {target.converter!r} is not registered "
+                           f"(registered: {', '.join(sorted(CONVERTERS))})")
+    missing = [p for p in target.precisions if p not in info.precisions]
+    if missing:
+        raise ProfileError(f"{path}: converter {target.converter!r} has no precision {', '.join(missing)} "
+                           f"(it offers {', '.join(info.precisions)})")
+    if target.extra != info.extra:
+        raise ProfileError(f"{path}: extra {target.extra!r}, but converter {target.converter!r} is installed by "
+                           f"edgekit[{info.extra}]")
 
 
 @cache

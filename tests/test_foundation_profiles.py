@@ -86,3 +86,31 @@ def test_targets_list_loads():
 def test_a_budget_below_every_power_mode_is_refused():
     with pytest.raises(ProfileError, match="below every power mode"):
         load_board("jetson-orin-nano-8gb", ["budgets.power_w=3"])
+
+
+def test_targets_are_cross_checked_against_the_converter_registry(tmp_path):
+    """A target naming a converter that does not exist, or a precision its converter lacks, does not load."""
+    from edgekit.errors import ProfileError
+    from edgekit.profiles import check_against_registry, load_target
+
+    good = load_target("jetson")
+    check_against_registry(good, "jetson.toml")  # every shipped target passes (load_target runs it too)
+    for change, needle in [({"converter": "nope"}, "converter 'nope' is not registered"),
+                           ({"precisions": ["fp32", "int4"], "tolerances": {**good.tolerances, "int4": good.tolerances["int8"]}},
+                            "has no precision int4"),
+                           ({"extra": "ios"}, "installed by edgekit\\[jetson\\]")]:
+        bad = good.model_copy(update=change)
+        with pytest.raises(ProfileError, match=needle):
+            check_against_registry(bad, "jetson.toml")
+
+
+def test_options_are_validated_by_the_converters_model():
+    from edgekit.converters import check_options
+    from edgekit.errors import ConversionError
+
+    assert check_options("tensorrt", {"keep_float_nodes": "conv1, conv2"}) == {"keep_float_nodes": ["conv1", "conv2"]}
+    assert check_options("tflite", {"io": "FLOAT", "threads": 4}) == {"io": "float", "threads": 4}
+    with pytest.raises(ConversionError, match="keep_float_nodes: not an option of converter 'tflite'.*io \\(int8 or float\\)"):
+        check_options("tflite", {"keep_float_nodes": ["a"]})  # a Jetson-only option is refused, never dropped
+    with pytest.raises(ConversionError, match="threads=0"):
+        check_options("tflite", {"threads": 0})
