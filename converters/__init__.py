@@ -147,7 +147,7 @@ def load_firmware(runner: str, module: str = "run") -> Any:
     import importlib.util
     import sys
 
-    from edgekit.profiles import data_dir
+    from edgekit.fsutil import data_dir
 
     name = f"edgekit_firmware_{runner}_{module}"
     if name not in sys.modules:

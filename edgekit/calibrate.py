@@ -33,7 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.fsutil import atomic_write_bytes, data_root, work_dir  # shared with edgekit.results
+from edgekit.calibration_store import load_fit, load_store, save_store, store_path  # noqa: F401 - re-exported
+from edgekit.fsutil import work_dir  # shared with edgekit.results
 
 # A fitted efficiency above 1 means the profile's peak is too low for this machine (e.g. a
 # newer CPU than the profile describes); the fit allows that rather than hide it.
@@ -42,31 +43,6 @@ PRIOR_WEIGHT = 0.002  # pull of the profile's values, per squared log-unit, agai
 # (factory, input shape): one micro-benchmark per op class the cost model tells apart
 MICRO_BENCHMARKS = [("conv_bench", "1,16,32,32"), ("gemm_bench", "1,512"), ("dw_bench", "1,32,32,32"),
                     ("dw_bench", "1,32,64,64"), ("pw_bench", "1,32,32,32"), ("ir_bench", "1,3,48,48")]
-
-
-def store_path(board_id: str) -> Path:
-    return data_root() / "calibration" / (board_id.replace("/", "__") + ".json")
-
-
-def load_store(board_id: str) -> dict[str, Any]:
-    p = store_path(board_id)
-    if not p.exists():
-        return {"board": board_id, "samples": [], "fit": None}
-    return json.loads(p.read_text())
-
-
-def save_store(board_id: str, data: dict[str, Any]) -> Path:
-    p = store_path(board_id)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(p, (json.dumps(data, indent=1) + "\n").encode())
-    return p
-
-
-def load_fit(board_id: str) -> dict[str, Any] | None:
-    p = store_path(board_id)
-    if not p.exists():
-        return None
-    return json.loads(p.read_text()).get("fit")
 
 
 # ---------------------------------------------------------------- micro-benchmarks (torch factories)

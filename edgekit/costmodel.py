@@ -246,7 +246,7 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
 
 def calibrated(board: Board) -> Board:
     """The board with the cost-model constants of its stored calibration (edgekit calibrate), if any."""
-    from edgekit.calibrate import load_fit
+    from edgekit.calibration_store import load_fit
 
     fit = load_fit(board.id)
     if not fit:

@@ -16,6 +16,14 @@ MARKER = "manifest.json"
 DATA_DIR_ENV = "EDGEKIT_DATA_DIR"
 
 
+def data_dir(kind: str) -> Path:
+    """Folder of shipped profiles / firmware: ``boards``, ``targets`` or ``firmware`` (package data, also in
+    editable installs)."""
+    from importlib import resources
+
+    return Path(str(resources.files(f"edgekit.{kind}")))
+
+
 def data_root() -> Path:
     """edgekit's data folder (results store, calibration fits): ``$EDGEKIT_DATA_DIR``, else
     platformdirs' user data dir (``~/.local/share/edgekit`` on Linux). The one place that finds it."""

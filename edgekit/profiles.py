@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import tomllib
 from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgekit.errors import ProfileError
+from edgekit.fsutil import data_dir  # noqa: F401 - where profiles are found; re-exported
 
 # int6-weight (6-bit weights, e.g. Core ML k-means palettization) and prune-50 (50 % magnitude
 # sparsity, fp16 values + 1-bit mask) are weight-only formats added for the iOS target.
@@ -204,11 +204,6 @@ class Target(_Strict):
 
 
 # ---------------------------------------------------------------- locating data
-
-
-def data_dir(kind: Literal["boards", "targets", "firmware"]) -> Path:
-    """Folder of shipped profiles / firmware (package data, also in editable installs)."""
-    return Path(str(resources.files(f"edgekit.{kind}")))
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

@@ -67,6 +67,18 @@ def run_all(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarr
     return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
 
 
+def top1_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
+    """Share of samples whose arg-max class is the label (logits: [N, classes] or [N, ...])."""
+    return float(np.mean(np.argmax(logits.reshape(len(labels), -1), axis=1) == labels))
+
+
+def eval_accuracy(runner: Runner, model: Model, ds: Dataset) -> float:
+    """Top-1 accuracy of ``runner`` (the float model or an artifact) on a labelled data set, output 0."""
+    feeds = list(ds.batches(model))
+    n = sum(len(next(iter(f.values()))) for f in feeds)
+    return top1_accuracy(run_all(runner, feeds)[0], ds.labels[:n])
+
+
 def verify(
     model: Model,
     reference: Runner,
@@ -125,10 +137,8 @@ def verify(
         efeeds = list(eval_data.batches(model))
         n = sum(len(next(iter(f.values()))) for f in efeeds)
         labels = eval_data.labels[:n]
-        fref = run_all(reference, efeeds)[0]
-        fgot = run_all(artifact, efeeds)[0].reshape(fref.shape)
-        v.float_accuracy = float(np.mean(np.argmax(fref, axis=1) == labels))
-        v.converted_accuracy = float(np.mean(np.argmax(fgot, axis=1) == labels))
+        v.float_accuracy = top1_accuracy(run_all(reference, efeeds)[0], labels)
+        v.converted_accuracy = top1_accuracy(run_all(artifact, efeeds)[0], labels)
         v.eval_samples = n
         v.max_accuracy_drop_points = tol.max_accuracy_drop_points
         drop = 100 * (v.float_accuracy - v.converted_accuracy)

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from edgekit.costmodel import Candidate, estimate
-from edgekit.planner import Budgets, PlanError, choose, refine, weight_layer_names
+from edgekit.planner import Budgets, PlanError, choose, weight_layer_names
+from edgekit.refine import refine
 from edgekit.profiles import load_board
 
 sys.path.insert(0, str(Path(__file__).parent))  # plan_nets:digits

@@ -1,4 +1,4 @@
-"""CLI: bundle, flash, smoke, results (registered on edgekit.cli's app when imported)."""
+"""`edgekit bundle`, `flash`, `smoke`, `results` (registered on the app when imported)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from edgekit.cli import app, console, err
+from edgekit.cli.common import app, console, err
 from edgekit.errors import EdgekitError
 
 DbOpt = Annotated[Path | None, typer.Option("--results-db", help="results SQLite file (default: user data dir; env EDGEKIT_RESULTS_DB)")]

@@ -1,47 +1,15 @@
-"""The edgekit command line: a thin typer layer over the Python API.
-
-Nothing heavy is imported at module level: `edgekit --help` and `edgekit boards` work
-without torch, onnx or onnxruntime installed. User errors (EdgekitError) print one line
-and exit 2; anything else is a bug and keeps its traceback.
-"""
+"""`edgekit convert` and `edgekit inspect`."""
 
 from __future__ import annotations
 
-import errno
 import json
-import signal
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from edgekit.errors import EdgekitError
-
-app = typer.Typer(
-    name="edgekit",
-    help="Ship a trained model to an edge board: convert, verify, bundle, flash, smoke-test.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-boards_app = typer.Typer(help="List board profiles, or show one (`edgekit boards show NAME`).", invoke_without_command=True)
-app.add_typer(boards_app, name="boards")
-
-console = Console()
-err = Console(stderr=True)
-
-SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a board field: key=value (dotted for tables)")]
-ShapeOpt = Annotated[
-    list[str] | None,
-    typer.Option("--input-shape", help="input shape, e.g. 1,3,224,224 or name:1,3,224,224 (repeat per input)"),
-]
-
-
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+from edgekit.cli.common import SetOpt, ShapeOpt, app, console, err, mb
 
 
 @app.command()
@@ -105,7 +73,7 @@ def convert(
     # the primary artifact may be a folder (a Core ML .mlpackage): sum its files
     prim_bytes = sum(f["bytes"] for k, f in man["files"].items() if k == prim or k.startswith(prim + "/"))
     console.print(f"[bold green]converted[/] {man['source_model']['path']} → {res.out_dir / prim} "
-                  f"({_mb(prim_bytes)}, {man['precision']}, board {man['board']['id']})")
+                  f"({mb(prim_bytes)}, {man['precision']}, board {man['board']['id']})")
     for n in res.notes:
         console.print(f"[dim]note: {n}[/]")
     console.print(f"report: {res.out_dir / 'report.md'}   board smoke test: python3 run.py (in the bundle)")
@@ -149,9 +117,9 @@ def inspect(
         console.print(t)
         console.print(f"inputs: {', '.join(f'{s.name} {list(s.shape)} {s.dtype}' + (f' {s.layout.upper()}' if s.layout else '') for s in m.inputs)}")
         console.print(f"parameters: {stats.params:,}   MACs: {stats.macs:,}")
-        console.print("weight bytes: " + "   ".join(f"{k} {_mb(b)}" for k, b in stats.weight_bytes.items()))
-        console.print(f"peak live activations: {_mb(stats.peak_activation_bytes)} "
-                      f"(all activations summed: {_mb(stats.total_activation_bytes)})")
+        console.print("weight bytes: " + "   ".join(f"{k} {mb(b)}" for k, b in stats.weight_bytes.items()))
+        console.print(f"peak live activations: {mb(stats.peak_activation_bytes)} "
+                      f"(all activations summed: {mb(stats.total_activation_bytes)})")
         console.print("ops: " + ", ".join(f"{k}×{n}" for k, n in stats.ops.items()))
         if tgt is not None:
             if stats.unsupported:
@@ -162,130 +130,3 @@ def inspect(
                 console.print(f"[green]every op is supported by target {tgt.name}[/]")
     if tgt is not None and stats.unsupported:
         raise typer.Exit(1)
-
-
-@boards_app.callback()
-def boards(
-    ctx: typer.Context,
-    target: Annotated[str | None, typer.Option("--target", "-t", help="only boards for this target")] = None,
-) -> None:
-    """List the shipped board profiles."""
-    if ctx.invoked_subcommand is not None:
-        return
-    from edgekit.profiles import list_boards
-
-    t = Table(title="boards", title_justify="left")
-    t.add_column("board", no_wrap=True)
-    for col in ("targets", "RAM", "precisions", "power modes"):
-        t.add_column(col)
-    t.add_column("description", overflow="ellipsis", no_wrap=True, max_width=60)
-    for b in list_boards(target):
-        t.add_row(b.id, ",".join(b.targets), f"{b.ram_mb / 1024:g} GB", ",".join(b.precisions),
-                  ",".join(b.power_modes), b.description)
-    console.print(t)
-
-
-@boards_app.command("show")
-def boards_show(
-    name: Annotated[str, typer.Argument(help="vendor/board or board")],
-    board_set: SetOpt = None,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-) -> None:
-    """Show one board profile (with --set overrides applied and validated)."""
-    from edgekit.profiles import load_board
-
-    b = load_board(name, board_set)
-    data = b.model_dump(mode="json")
-    if as_json:
-        print(json.dumps(data, indent=2))
-        return
-    console.print(f"[bold]{b.id}[/]: {b.description}")
-    for k in ("targets", "ram_mb", "storage_mb", "memory_bandwidth_gbps", "runtime_overhead_mb", "default_power_mode"):
-        console.print(f"  {k} = {data[k]}")
-    t = Table(title="power modes (dense peak)", title_justify="left")
-    t.add_column("mode")
-    t.add_column("power_w", justify="right")
-    for p in b.precisions:
-        t.add_column(f"{p} TOPS", justify="right")
-    for name_, pm in b.power_modes.items():
-        t.add_row(name_, f"{pm.power_w:g}", *[f"{pm.peak_tops.get(p, 0):g}" for p in b.precisions])
-    console.print(t)
-    console.print("  budgets: " + ", ".join(f"{k}={v}" for k, v in data["budgets"].items() if v is not None))
-    if b.notes:
-        for n in b.notes:
-            console.print(f"  note: {n}")
-
-
-@app.command()
-def targets() -> None:
-    """List the output targets."""
-    from edgekit.profiles import list_targets
-
-    t = Table(title="targets", title_justify="left")
-    for col in ("target", "format", "precisions", "extra", "description"):
-        t.add_column(col)
-    for tg in list_targets():
-        t.add_row(tg.name, tg.format, ",".join(tg.precisions), f"edgekit[{tg.extra}]", tg.description)
-    console.print(t)
-
-
-@app.command()
-def version() -> None:
-    """Print the edgekit version."""
-    from edgekit import __version__
-
-    print(__version__)
-
-
-# Commands defined in other modules register themselves on `app` when imported here.
-# Keep those modules light at import time (no torch/onnx/etc. at module level).
-# (one import line per module, e.g. `from edgekit import cli_flash  # noqa: E402,F401`)
-from edgekit import cli_flash  # noqa: E402,F401
-from edgekit import cli_plan  # noqa: E402,F401
-
-
-# the machine's state, not edgekit's or the user's input: one line, exit 2, no traceback
-_ENV_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the file system is read-only",
-               errno.EDQUOT: "disk quota exceeded", errno.EACCES: "permission denied", errno.EPERM: "not permitted"}
-
-
-def _stop(signum: int, _frame: object) -> None:
-    """SIGINT, SIGTERM and SIGHUP unwind: every temporary folder and staging sibling is removed on the way out.
-    The signal is remembered too (fsutil.check_stop), in case a toolchain swallows the exception."""
-    from edgekit import fsutil
-
-    fsutil.stop_signal = signum
-    if signum == signal.SIGINT:
-        raise KeyboardInterrupt
-    raise SystemExit(128 + signum)
-
-
-def main() -> None:
-    from edgekit import fsutil
-
-    fsutil.notice = lambda m: err.print(f"[dim]note: {m}[/]", highlight=False, soft_wrap=True)
-    # Ctrl-C unwinds too, even where the shell started edgekit with SIGINT ignored (a background job)
-    for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
-        if sig is not None:
-            signal.signal(sig, _stop)
-    try:
-        app()  # click's standalone mode handles usage errors (exit 2) and Ctrl-C ("Aborted!", exit 1)
-    except SystemExit as exc:
-        if fsutil.stop_signal is not None and not exc.code:  # a toolchain swallowed the signal: still stopped
-            sys.exit(128 + fsutil.stop_signal)
-        raise
-    except EdgekitError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        sys.exit(exc.exit_code)
-    except OSError as exc:
-        if exc.errno not in _ENV_ERRNOS:
-            raise
-        name = exc.filename2 or exc.filename  # a copy reports (source, destination): the destination is full
-        where = f"{name}: " if name else ""
-        err.print(f"[bold red]error:[/] {where}{_ENV_ERRNOS[exc.errno]}; free space, fix the permissions, or choose "
-                  "another folder (-o, TMPDIR)", highlight=False, soft_wrap=True)
-        sys.exit(2)
-
-
-if __name__ == "__main__":
-    main()

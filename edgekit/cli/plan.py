@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from edgekit.cli import SetOpt, ShapeOpt, app, console, err
+from edgekit.cli.common import SetOpt, ShapeOpt, app, console, err
 
 
 def _num(v: float) -> str:
@@ -37,7 +37,8 @@ def plan(
     build: Annotated[Path | None, typer.Option("--build", help="with --eval: keep the chosen build in this folder")] = None,
 ) -> None:
     """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
-    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, analyze, choose, plan_target, refine
+    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, analyze, choose, plan_target
+    from edgekit.refine import refine
     from edgekit.fsutil import work_dir
     from edgekit.profiles import load_board
 

@@ -1,0 +1,31 @@
+"""What every command module shares: the typer app, the consoles, common options."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+app = typer.Typer(
+    name="edgekit",
+    help="Ship a trained model to an edge board: convert, verify, bundle, flash, smoke-test.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+boards_app = typer.Typer(help="List board profiles, or show one (`edgekit boards show NAME`).", invoke_without_command=True)
+app.add_typer(boards_app, name="boards")
+
+console = Console()
+err = Console(stderr=True)
+
+SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a board field: key=value (dotted for tables)")]
+ShapeOpt = Annotated[
+    list[str] | None,
+    typer.Option("--input-shape", help="input shape, e.g. 1,3,224,224 or name:1,3,224,224 (repeat per input)"),
+]
+
+
+def mb(n: float) -> str:
+    return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"

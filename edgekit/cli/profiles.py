@@ -1,0 +1,84 @@
+"""`edgekit boards`, `edgekit targets`, `edgekit version`: the shipped profiles."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from edgekit.cli.common import SetOpt, app, boards_app, console
+
+
+@boards_app.callback()
+def boards(
+    ctx: typer.Context,
+    target: Annotated[str | None, typer.Option("--target", "-t", help="only boards for this target")] = None,
+) -> None:
+    """List the shipped board profiles."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from edgekit.profiles import list_boards
+
+    t = Table(title="boards", title_justify="left")
+    t.add_column("board", no_wrap=True)
+    for col in ("targets", "RAM", "precisions", "power modes"):
+        t.add_column(col)
+    t.add_column("description", overflow="ellipsis", no_wrap=True, max_width=60)
+    for b in list_boards(target):
+        t.add_row(b.id, ",".join(b.targets), f"{b.ram_mb / 1024:g} GB", ",".join(b.precisions),
+                  ",".join(b.power_modes), b.description)
+    console.print(t)
+
+
+@boards_app.command("show")
+def boards_show(
+    name: Annotated[str, typer.Argument(help="vendor/board or board")],
+    board_set: SetOpt = None,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+) -> None:
+    """Show one board profile (with --set overrides applied and validated)."""
+    from edgekit.profiles import load_board
+
+    b = load_board(name, board_set)
+    data = b.model_dump(mode="json")
+    if as_json:
+        print(json.dumps(data, indent=2))
+        return
+    console.print(f"[bold]{b.id}[/]: {b.description}")
+    for k in ("targets", "ram_mb", "storage_mb", "memory_bandwidth_gbps", "runtime_overhead_mb", "default_power_mode"):
+        console.print(f"  {k} = {data[k]}")
+    t = Table(title="power modes (dense peak)", title_justify="left")
+    t.add_column("mode")
+    t.add_column("power_w", justify="right")
+    for p in b.precisions:
+        t.add_column(f"{p} TOPS", justify="right")
+    for name_, pm in b.power_modes.items():
+        t.add_row(name_, f"{pm.power_w:g}", *[f"{pm.peak_tops.get(p, 0):g}" for p in b.precisions])
+    console.print(t)
+    console.print("  budgets: " + ", ".join(f"{k}={v}" for k, v in data["budgets"].items() if v is not None))
+    if b.notes:
+        for n in b.notes:
+            console.print(f"  note: {n}")
+
+
+@app.command()
+def targets() -> None:
+    """List the output targets."""
+    from edgekit.profiles import list_targets
+
+    t = Table(title="targets", title_justify="left")
+    for col in ("target", "format", "precisions", "extra", "description"):
+        t.add_column(col)
+    for tg in list_targets():
+        t.add_row(tg.name, tg.format, ",".join(tg.precisions), f"edgekit[{tg.extra}]", tg.description)
+    console.print(t)
+
+
+@app.command()
+def version() -> None:
+    """Print the edgekit version."""
+    from edgekit import __version__
+
+    print(__version__)
