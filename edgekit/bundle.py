@@ -29,10 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from edgekit.errors import EdgekitError
+from edgekit.manifest import MANIFEST, SCHEMA_VERSION, Manifest, validation_message
 from edgekit.fsutil import sha256_file, size_limit, work_dir
 
-MANIFEST = "manifest.json"
 
 
 class BundleError(EdgekitError):
@@ -42,10 +44,6 @@ class BundleError(EdgekitError):
 MAX_MANIFEST_BYTES = 16 << 20  # an edgekit manifest is a few hundred kB at most
 MAX_BUNDLE_MB_ENV = "EDGEKIT_MAX_BUNDLE_MB"
 DEFAULT_MAX_BUNDLE_MB = 1024.0
-SCHEMA = 1
-_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$")
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-_PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+/)?python[0-9.]*$")
 
 
 def max_bundle_bytes(max_mb: float | None = None) -> int:
@@ -53,7 +51,7 @@ def max_bundle_bytes(max_mb: float | None = None) -> int:
     return size_limit(max_mb, MAX_BUNDLE_MB_ENV, DEFAULT_MAX_BUNDLE_MB, "--max-bundle-mb", BundleError, 1 << 20)
 
 
-def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
+def parse_manifest(raw: bytes, where: str) -> Manifest:
     """A manifest's bytes -> the checked manifest dict (:func:`validate_manifest`)."""
     if len(raw) > MAX_MANIFEST_BYTES:
         raise BundleError(f"{where}: {MANIFEST} is {len(raw) / 2**20:.1f} MiB, over the {MAX_MANIFEST_BYTES >> 20} MiB an "
@@ -65,56 +63,23 @@ def parse_manifest(raw: bytes, where: str) -> dict[str, Any]:
     return validate_manifest(man, where)
 
 
-def validate_manifest(man: Any, where: str) -> dict[str, Any]:
-    """Check the fields that bundle, flash, smoke and results read: every path stays inside the bundle
-    (files, runner entry), the name is one plain folder name, hashes are sha256. Names the bad field."""
-
-    def bad(field: str, why: str) -> BundleError:
-        return BundleError(f"{where}: manifest field {field!r} {why}; make the build again with `edgekit convert`")
-
+def validate_manifest(man: Any, where: str) -> Manifest:
+    """The manifest as the typed record (:class:`edgekit.manifest.Manifest`): every path stays inside the
+    bundle (files, runner entry), the name is one plain folder name, hashes are sha256. Names the bad field."""
     if not isinstance(man, dict):
         raise BundleError(f"{where}: {MANIFEST} holds a JSON {type(man).__name__}, not an edgekit manifest (an object); "
                           "make the build again with `edgekit convert`")
-    if man.get("schema") != SCHEMA:
-        raise bad("schema", f"is {man.get('schema')!r}; this edgekit reads schema {SCHEMA}")
-    name = man.get("name")
-    if not isinstance(name, str) or not _SAFE_NAME.match(name):
-        raise bad("name", f"is {str(name)[:60]!r}; it must be one plain folder name (letters, digits, . _ + -)")
-    files = man.get("files")
-    if not isinstance(files, dict) or not files:
-        raise bad("files", "is missing or empty")
-    for rel, info in files.items():
-        _check_name(rel)
-        if rel == MANIFEST:
-            raise bad(f"files.{rel}", "lists the manifest itself")
-        if not isinstance(info, dict) or not isinstance(info.get("sha256"), str) or not _SHA256.match(info["sha256"]):
-            raise bad(f"files.{rel}.sha256", "is missing or not a sha256 hex digest")
-        size = info.get("bytes")
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise bad(f"files.{rel}.bytes", "is missing or not a byte count")
-    board = man.get("board")
-    if not isinstance(board, dict) or not isinstance(board.get("id"), str) or not board["id"]:
-        raise bad("board.id", "is missing")
-    for key in ("target", "precision"):
-        if not isinstance(man.get(key), str):
-            raise bad(key, "is missing")
-    runner = man.get("runner", {})
-    if not isinstance(runner, dict):
-        raise bad("runner", "is not a table")
-    entry = runner.get("entry", "run.py")
+    if man.get("schema_version") != SCHEMA_VERSION:
+        old = " (an older edgekit wrote it)" if man.get("schema") == 1 else ""
+        raise BundleError(f"{where}: manifest field 'schema_version' is {man.get('schema_version')!r}{old}; this edgekit "
+                          f"reads {SCHEMA_VERSION}: make the build again with `edgekit convert`")
     try:
-        inside = isinstance(entry, str) and _check_name(entry) in files
-    except BundleError:
-        inside = False
-    if not inside:
-        raise bad("runner.entry", f"is {str(entry)[:60]!r}, not a file of the bundle")
-    python = runner.get("python")
-    if python is not None and (not isinstance(python, str) or not _PYTHON.match(python)):
-        raise bad("runner.python", f"is {str(python)[:60]!r}; it must name a python interpreter")
-    return man
+        return Manifest.model_validate(man)
+    except ValidationError as exc:
+        raise BundleError(f"{where}: {validation_message(exc)}; make the build again with `edgekit convert`") from None
 
 
-def read_manifest(build_dir: Path) -> dict[str, Any]:
+def read_manifest(build_dir: Path) -> Manifest:
     path = Path(build_dir) / MANIFEST
     if not path.is_file():
         raise BundleError(f"{build_dir} is not an edgekit build (no {MANIFEST}); give the folder `edgekit convert -o` wrote")
@@ -131,10 +96,10 @@ def _inside_root(root: Path, rel: str) -> bool:
     return real == real_root or real.startswith(real_root + os.sep)
 
 
-def check_files(root: Path, man: dict[str, Any]) -> None:
+def check_files(root: Path, man: Manifest) -> None:
     """Every file the manifest lists is present under ``root`` with its sha256."""
     bad = []
-    for rel, info in sorted(man["files"].items()):
+    for rel, info in sorted(man.files.items()):
         _check_name(rel)
         if not _inside_root(root, rel):
             raise BundleError(f"{root}: manifest file {rel!r} resolves through a link to a place outside the bundle; "
@@ -142,7 +107,7 @@ def check_files(root: Path, man: dict[str, Any]) -> None:
         p = root / rel
         if not p.is_file() or p.is_symlink():
             bad.append(f"{rel}: missing")
-        elif sha256_file(p) != info["sha256"]:
+        elif sha256_file(p) != info.sha256:
             bad.append(f"{rel}: sha256 differs from the manifest")
     if bad:
         raise BundleError(f"{root}: {'; '.join(bad)}; the build was changed after conversion: convert it again")
@@ -159,25 +124,22 @@ def _check_name(name: str) -> str:
     return "" if norm == "." else norm
 
 
-def make_bundle(build_dir: str | Path, out: str | Path) -> tuple[Path, dict[str, Any]]:
+def make_bundle(build_dir: str | Path, out: str | Path) -> tuple[Path, Manifest]:
     """Pack a verified build folder into ``out`` (.tar.gz), written atomically."""
     build_dir = Path(build_dir)
     man = read_manifest(build_dir)
-    ver = man.get("verification") or {}
-    outputs = ver.get("outputs") if isinstance(ver.get("outputs"), list) else []
-    if ver.get("passed") is not True or ver.get("failures") or any(
-            not isinstance(o, dict) or o.get("passed") is not True for o in outputs):
-        why = "; ".join(ver.get("failures") or []) or "no passing host verification recorded"
+    if not man.verification_passed:
+        why = "; ".join(man.verification.get("failures") or []) or "no passing host verification recorded"
         raise BundleError(f"{build_dir}: host verification failed ({why}); fix the conversion before bundling")
     check_files(build_dir, man)
     out = Path(out)
     if out.exists() and out.is_dir():
-        raise BundleError(f"{out} is a folder; give a file name such as {man['name']}.tar.gz")
+        raise BundleError(f"{out} is a folder; give a file name such as {man.name}.tar.gz")
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
     try:
         with open(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
-            for rel in [MANIFEST, *sorted(man["files"])]:
+            for rel in [MANIFEST, *sorted(man.files)]:
                 data = (build_dir / rel).read_bytes()
                 info = tarfile.TarInfo(rel)
                 info.size, info.mode, info.mtime = len(data), 0o755 if rel.endswith((".sh", ".py")) else 0o644, 0
@@ -214,7 +176,7 @@ def check_members(tar: tarfile.TarFile) -> list[tarfile.TarInfo]:
 @dataclass
 class Unpacked:
     root: Path
-    manifest: dict[str, Any]
+    manifest: Manifest
     _tmp: Any = None  # the work_dir context that owns root, when unpack made it
 
     def cleanup(self) -> None:
@@ -270,13 +232,13 @@ def unpack(bundle: str | Path, dest: Path | None = None, max_mb: float | None = 
             except damaged as exc:
                 raise BundleError(f"{bundle} is truncated or damaged ({_reason(exc)}); copy it again") from None
             man = parse_manifest(raw, str(bundle))
-            extra = sorted(set(files) - set(man["files"]) - {MANIFEST})
+            extra = sorted(set(files) - set(man.files) - {MANIFEST})
             if extra:
                 raise BundleError(f"{bundle} holds files its manifest does not list ({', '.join(extra[:5])}); refusing the bundle")
-            for rel, info in man["files"].items():
-                if rel in files and files[rel].size != info["bytes"]:
+            for rel, info in man.files.items():
+                if rel in files and files[rel].size != info.bytes:
                     raise BundleError(f"{bundle}: member {rel} is {files[rel].size:,} bytes, the manifest says "
-                                      f"{info['bytes']:,}; refusing the bundle")
+                                      f"{info.bytes:,}; refusing the bundle")
             total = sum(m.size for m in files.values())
             if total > cap:
                 raise BundleError(f"{bundle} unpacks to {total / 2**20:,.0f} MiB, over the {cap / 2**20:,.0f} MiB limit; "

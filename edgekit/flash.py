@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from edgekit.bundle import MANIFEST, Unpacked, opened
+from edgekit.manifest import Manifest
 from edgekit.errors import EdgekitError
 from edgekit.fsutil import sha256_file
 from edgekit.transports.base import Transport
@@ -42,8 +43,8 @@ class FlashError(EdgekitError):
     """A bundle arrived on the board different from what was sent."""
 
 
-def default_dest(man: dict[str, Any]) -> str:
-    return f"{DEFAULT_ROOT}/{man['name']}"
+def default_dest(man: Manifest) -> str:
+    return f"{DEFAULT_ROOT}/{man.name}"
 
 
 def foreign_on_board(transport: Transport, dest: str) -> list[str] | None:
@@ -61,7 +62,7 @@ def foreign_on_board(transport: Transport, dest: str) -> list[str] | None:
         try:
             from edgekit.bundle import parse_manifest
 
-            listed = set(parse_manifest(transport.get(posixpath.join(dest, MANIFEST)), dest)["files"]) | {MANIFEST}
+            listed = set(parse_manifest(transport.get(posixpath.join(dest, MANIFEST)), dest).files) | {MANIFEST}
         except EdgekitError:
             listed = set()
     regular = set(transport.list_files(dest))
@@ -86,7 +87,7 @@ class FlashResult:
     bytes_sent: int = 0
     already_installed: bool = False
     seconds: float = 0.0
-    manifest: dict[str, Any] = field(default_factory=dict)
+    manifest: Manifest | None = None
 
 
 def _mark(transport: Transport, staging: str) -> None:
@@ -113,7 +114,7 @@ def flash(bundle: str | Path | Unpacked, transport: Transport, dest: str | None 
             root = transport.resolve(DEFAULT_ROOT)
             dest = transport.resolve(default_dest(man))
             if posixpath.dirname(dest) != root:  # the manifest's name is checked too; this is the last word
-                raise FlashError(f"the bundle name {man['name']!r} leads outside {root}; refusing the bundle")
+                raise FlashError(f"the bundle name {man.name!r} leads outside {root}; refusing the bundle")
         else:
             dest = transport.resolve(dest)
             if dest in ("/", transport.resolve("~")):
@@ -121,7 +122,7 @@ def flash(bundle: str | Path | Unpacked, transport: Transport, dest: str | None 
                                  f"{default_dest(man)}")
         _refuse_foreign(transport, dest, "give another --dest (default ~/edgekit/<bundle name>)")
         staging = dest + STAGING
-        wanted = {rel: info["sha256"] for rel, info in man["files"].items()}
+        wanted = {rel: info.sha256 for rel, info in man.files.items()}
         wanted[MANIFEST] = sha256_file(ub.root / MANIFEST)
         order = sorted(r for r in wanted if r != MANIFEST) + [MANIFEST]  # manifest last
         res = FlashResult(dest=dest, manifest=man)

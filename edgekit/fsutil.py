@@ -210,7 +210,8 @@ def foreign_files(folder: Path) -> list[str] | None:
 
         with contextlib.suppress(ValueError, OSError):
             man = json.loads(mpath.read_text())
-    files = man.get("files") if isinstance(man, dict) and man.get("schema") == 1 else None
+    ours = isinstance(man, dict) and (man.get("schema_version") == 2 or man.get("schema") == 1)  # schema 1: an older edgekit
+    files = man.get("files") if ours else None
     if not isinstance(files, dict):
         return sorted(found) + odd
     foreign = list(odd)

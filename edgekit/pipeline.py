@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +30,7 @@ from edgekit.data import Dataset, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError, VerificationError
 from edgekit.fsutil import atomic_dir, check_replaceable, sha256_file, work_dir
 from edgekit.ingest import Model, check_target_takes, load_model
+from edgekit.manifest import SCHEMA_VERSION, Manifest
 from edgekit.planner import plan_section
 from edgekit.profiles import Board, Target, data_dir, default_board, load_board, load_target
 from edgekit.verify import Verification, verify
@@ -245,8 +247,8 @@ def _write_bundle(out: Path, m: Model, tgt: Target, brd: Board, precision: str, 
     tol = tgt.tolerances[precision]
     budgets = brd.budgets
     manifest: dict[str, Any] = {
-        "schema": 1,
-        "name": f"{Path(m.source).stem if ':' not in m.source else m.source.split(':')[-1]}-{tgt.name}-{precision}",
+        "schema_version": SCHEMA_VERSION,
+        "name": bundle_name(m.source, tgt.name, precision),
         "edgekit_version": __version__,
         "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": {"platform": platform.platform(), "python": platform.python_version()},
@@ -284,8 +286,17 @@ def _write_bundle(out: Path, m: Model, tgt: Target, brd: Board, precision: str, 
     manifest["files"] = {
         p.relative_to(out).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files
     }
+    record = Manifest.model_validate(manifest)  # the one schema, checked on the writing side too
+    manifest = record.to_json()
     (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def bundle_name(source: str, target: str, precision: str) -> str:
+    """``<model>-<target>-<precision>`` as one plain folder name (the bundle's folder on the board)."""
+    stem = source.split(":")[-1] if ":" in source and not Path(source).exists() else Path(source).stem
+    clean = re.sub(r"[^A-Za-z0-9._+-]+", "_", stem).strip("._-+") or "model"
+    return f"{clean[:80]}-{target}-{precision}"
 
 
 def _mb(n: float) -> str:

@@ -190,6 +190,6 @@ def write_report(plan: Plan, out: str | Path) -> Path:
         (tmp / "report.html").write_text(render(plan, images))
         (tmp / "plan.json").write_text(json.dumps(plan.to_json(), indent=2) + "\n")
         files = {p.name: {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in sorted(tmp.iterdir())}
-        man = {"schema": 1, "kind": "plan", "board": plan.board, "target": plan.target, "files": files}
+        man = {"schema_version": 2, "kind": "plan", "board": plan.board, "target": plan.target, "files": files}
         (tmp / "manifest.json").write_text(json.dumps(man, indent=2) + "\n")
     return out / "report.html"

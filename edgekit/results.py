@@ -145,7 +145,7 @@ def measurements(board_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def estimate_from_manifest(man: dict[str, Any]) -> float | None:
+def estimate_from_manifest(man: Any) -> float | None:
     """The planner's latency estimate carried by a build's manifest, if any."""
     for key in ("plan", "estimate"):
         sec = man.get(key)
@@ -157,8 +157,10 @@ def estimate_from_manifest(man: dict[str, Any]) -> float | None:
     return None
 
 
-def manifest_fields(man: dict[str, Any]) -> dict[str, Any]:
-    """The columns every event about one build shares, read from its manifest."""
+def manifest_fields(man: Any) -> dict[str, Any]:
+    """The columns every event about one build shares, read from its manifest (a Manifest or its JSON)."""
+    if hasattr(man, "to_json"):
+        man = man.to_json()
     return {
         "board_id": (man.get("board") or {}).get("id"),
         "model_sha256": (man.get("source_model") or {}).get("sha256"),

@@ -1,6 +1,6 @@
 """Run an installed bundle's smoke test on the board and read back its result.
 
-The runner (``manifest["runner"]["entry"]``, e.g. ``run.py``) runs on the board with the
+The runner (the manifest's ``runner.entry``, e.g. ``run.py``) runs on the board with the
 board's own Python and runtime, streams its log, and writes ``smoke_result.json`` in
 the bundle folder: integrity, load, golden outputs within tolerance, latency
 p50/p90/p99 against the budget, peak memory, power where the board exposes it. That
@@ -22,6 +22,7 @@ from edgekit.bundle import MANIFEST, Unpacked, opened
 from edgekit.errors import EdgekitError
 from edgekit.flash import default_dest
 from edgekit.fsutil import sha256_file
+from edgekit.manifest import Manifest
 from edgekit.transports.base import Transport
 
 RESULT_FILE = "smoke_result.json"
@@ -38,7 +39,7 @@ class SmokeResult:
     exit_code: int
     result: dict[str, Any]
     seconds: float
-    manifest: dict[str, Any]
+    manifest: Manifest
 
     @property
     def checks(self) -> list[dict[str, Any]]:
@@ -56,14 +57,14 @@ class SmokeResult:
         return None if lat.get("on_device") is False else lat.get("p50")
 
 
-def default_runtime(man: dict[str, Any]) -> str | None:
+def default_runtime(man: Manifest) -> str | None:
     """On the host board the runner uses the target's host runtime (e.g. onnxruntime)."""
-    if (man.get("board") or {}).get("id") != HOST_BOARD:
+    if man.board.id != HOST_BOARD:
         return None
     try:
         from edgekit.profiles import load_target
 
-        return load_target(man["target"]).host_runtime
+        return load_target(man.target).host_runtime
     except EdgekitError:
         return None
 
@@ -83,9 +84,7 @@ def smoke(bundle: str | Path | Unpacked, transport: Transport, dest: str | None 
     if hashlib.sha256(transport.get(remote_man)).hexdigest() != local_manifest_sha:
         raise SmokeError(f"{dest} on {transport.describe()} holds another bundle (its manifest.json differs); "
                          "run `edgekit flash` with this bundle first")
-    runner = man.get("runner") or {}
-    entry = runner.get("entry", "run.py")
-    argv = [python or runner.get("python", "python3"), posixpath.join(dest, entry)]
+    argv = [python or man.runner.python or "python3", posixpath.join(dest, man.runner.entry)]
     runtime = runtime or default_runtime(man)
     if runtime:
         argv += ["--runtime", runtime]

@@ -54,11 +54,11 @@ def test_bundle_roundtrip_is_deterministic(tmp_path):
     b, _ = make_bundle(build, tmp_path / "b.tar.gz")
     assert sha256_file(a) == sha256_file(b)
     with tarfile.open(a) as tar:
-        assert sorted(tar.getnames()) == sorted(["manifest.json", *man["files"]])
+        assert sorted(tar.getnames()) == sorted(["manifest.json", *man.files])
     with unpack(a) as ub:
-        assert ub.manifest["name"] == man["name"]
-        for rel, info in man["files"].items():
-            assert sha256_file(ub.root / rel) == info["sha256"]
+        assert ub.manifest.name == man.name
+        for rel, info in man.files.items():
+            assert sha256_file(ub.root / rel) == info.sha256
         root = ub.root
     assert not root.exists()  # temporary unpack folder removed
 

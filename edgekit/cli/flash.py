@@ -33,13 +33,13 @@ def _record(kind: str, **fields: Any) -> None:
         err.print(f"[yellow]warning:[/] results store not updated ({exc})")
 
 
-def _transport(man: dict[str, Any], host: str | None, key, known_hosts, accept: bool, adb_server: str | None):
+def _transport(man, host: str | None, key, known_hosts, accept: bool, adb_server: str | None):
     from edgekit.smoke import HOST_BOARD
     from edgekit.transports import open_transport
 
     if host is None:
-        if (man.get("board") or {}).get("id") != HOST_BOARD:
-            raise EdgekitError(f"this bundle is for board {man['board']['id']}: give --host user@addr[:port] (or adb[:SERIAL])")
+        if man.board.id != HOST_BOARD:
+            raise EdgekitError(f"this bundle is for board {man.board.id}: give --host user@addr[:port] (or adb[:SERIAL])")
         host = "local"
     return open_transport(host, key=str(key) if key else None, known_hosts=str(known_hosts) if known_hosts else None,
                           accept_new_host_key=accept, adb_server=adb_server)
@@ -56,11 +56,11 @@ def bundle(
     from edgekit.bundle import make_bundle, read_manifest
 
     results.use_db(results_db)
-    out = out or Path(f"{read_manifest(build_dir)['name']}.tar.gz")
+    out = out or Path(f"{read_manifest(build_dir).name}.tar.gz")
     path, man = make_bundle(build_dir, out)
-    _record("bundle", **results.manifest_fields(man), path=str(path), bytes=path.stat().st_size, files=len(man["files"]))
-    console.print(f"[bold green]bundle[/] {path} ({path.stat().st_size:,} bytes, {len(man['files']) + 1} files, "
-                  f"board {man['board']['id']}, {man['precision']})")
+    _record("bundle", **results.manifest_fields(man), path=str(path), bytes=path.stat().st_size, files=len(man.files))
+    console.print(f"[bold green]bundle[/] {path} ({path.stat().st_size:,} bytes, {len(man.files) + 1} files, "
+                  f"board {man.board.id}, {man.precision})")
 
 
 @app.command()
@@ -90,8 +90,8 @@ def flash(
             from edgekit.profiles import load_board
 
             want = load_board(board).id
-            if want != man["board"]["id"]:
-                raise EdgekitError(f"{bundle} was built for board {man['board']['id']}, not {want}; "
+            if want != man.board.id:
+                raise EdgekitError(f"{bundle} was built for board {man.board.id}, not {want}; "
                                    f"convert again with --board {want}")
         with _transport(man, host, key, known_hosts, accept_new_host_key, adb_server) as tr, Progress(
             TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err,
@@ -106,7 +106,7 @@ def flash(
     _record("flash", **results.manifest_fields(man), host=where, dest=res.dest, uploaded=res.uploaded,
             skipped=res.skipped, bytes_sent=res.bytes_sent, seconds=round(res.seconds, 3), passed=True)
     state = "already installed" if res.already_installed else f"{len(res.uploaded)} sent, {len(res.skipped)} already there"
-    console.print(f"[bold green]flashed[/] {man['name']} → {where}:{res.dest} ({state}; every sha256 verified on the "
+    console.print(f"[bold green]flashed[/] {man.name} → {where}:{res.dest} ({state}; every sha256 verified on the "
                   f"board; {res.seconds:.2f} s)")
 
 

@@ -82,3 +82,11 @@ def version() -> None:
     from edgekit import __version__
 
     print(__version__)
+
+
+@app.command("manifest-schema")
+def manifest_schema() -> None:
+    """Print the JSON Schema of a build's manifest.json (what bundle, flash and smoke accept)."""
+    from edgekit.manifest import schema
+
+    print(json.dumps(schema(), indent=2))
