@@ -353,10 +353,6 @@ def _gelu(torch, a):
     return torch.nn.functional.gelu(a["x"], approximate="tanh" if mode == "TANH_APPROXIMATION" else "none")
 
 
-def _shape_op(fn):
-    return lambda torch, a: fn(torch, a)
-
-
 _KERNELS: dict[str, Any] = {
     "cast": _cast,
     "conv": _conv,
@@ -406,6 +402,3 @@ def _expand(x, axes):
         x = x.unsqueeze(d)
     return x
 
-
-def interpreter_ops() -> list[str]:
-    return sorted(_KERNELS)

@@ -26,6 +26,7 @@ import numpy as np
 
 from edgekit.deps import require
 from edgekit.errors import ConversionError, UnsupportedOpError
+from edgekit.onnx_graph import cap_ir_version
 
 FPGA_OPS = ("Conv", "Gemm", "MatMul", "Add", "Relu", "MaxPool", "Flatten", "Reshape")
 BITS = {"int8": 8, "int4": 4}
@@ -191,8 +192,7 @@ def export_qonnx(qmodel, example: np.ndarray, raw: Path, clean: Path, channels_l
         mw = mw.transform(ConvertToChannelsLastAndClean(make_input_channels_last=channels_last_input))
         mw = mw.transform(GemmToMatMul())
         mw = cleanup_model(mw)
-    if mw.model.ir_version > 10:  # onnxruntime (used by qonnx execution) rejects IR 14 (onnx 1.23)
-        mw.model.ir_version = 10
+    cap_ir_version(mw.model)  # onnxruntime (used by qonnx execution) rejects IR 14 (onnx 1.23)
     mw.save(str(clean))
     return mw
 

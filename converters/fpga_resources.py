@@ -26,7 +26,7 @@ REUSE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 @dataclass
-class LayerCost:
+class FabricLayer:
     name: str
     weights: int
     w_bits: int
@@ -35,7 +35,7 @@ class LayerCost:
 
 
 @dataclass
-class Estimate:
+class FabricEstimate:
     reuse_factor: int
     dsp: int
     bram36: int
@@ -49,7 +49,7 @@ class Estimate:
         return {**asdict(self), "kind": "estimate (before synthesis; Vivado's report replaces it)"}
 
 
-def layer_costs(layers, bits: int) -> list[LayerCost]:
+def layer_costs(layers, bits: int) -> list[FabricLayer]:
     """Costs of the quantized chain from ``fpga_quant.read_chain``'s layers (input stays 8-bit)."""
     out = []
     a_bits = 8
@@ -58,12 +58,12 @@ def layer_costs(layers, bits: int) -> list[LayerCost]:
             continue
         w = lay.weight
         out_elems = int(w.shape[0])
-        out.append(LayerCost(lay.name, int(w.size), bits, a_bits, out_elems))
+        out.append(FabricLayer(lay.name, int(w.size), bits, a_bits, out_elems))
         a_bits = bits
     return out
 
 
-def estimate(costs: list[LayerCost], reuse: int, fpga, io_stream: bool, fifo_bits: list[int] | None = None) -> Estimate:
+def estimate(costs: list[FabricLayer], reuse: int, fpga, io_stream: bool, fifo_bits: list[int] | None = None) -> FabricEstimate:
     dsp = lut = ff = bram = 0
     for c in costs:
         mults = math.ceil(c.weights / reuse)
@@ -90,11 +90,11 @@ def estimate(costs: list[LayerCost], reuse: int, fpga, io_stream: bool, fifo_bit
     used = {"dsp": dsp, "bram36": bram, "lut": lut, "ff": ff}
     util = {k: round(used[k] / avail[k], 4) if avail[k] else float("inf") for k in used}
     over = [k for k in used if used[k] > FIT_SHARE * avail[k]]
-    return Estimate(reuse, dsp, bram, lut, ff, not over, over[0] if over else None, util)
+    return FabricEstimate(reuse, dsp, bram, lut, ff, not over, over[0] if over else None, util)
 
 
-def pick_reuse(costs: list[LayerCost], fpga, io_stream: bool, fifo_bits: list[int] | None = None,
-               choices: tuple[int, ...] = REUSE_CHOICES) -> tuple[Estimate, list[Estimate]]:
+def pick_reuse(costs: list[FabricLayer], fpga, io_stream: bool, fifo_bits: list[int] | None = None,
+               choices: tuple[int, ...] = REUSE_CHOICES) -> tuple[FabricEstimate, list[FabricEstimate]]:
     """Smallest reuse factor whose estimate fits the board (<= 80% of every resource)."""
     tried = []
     for r in choices:

@@ -18,13 +18,10 @@ bundle makes it where Vivado is installed, and the manifest says so.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import math
 import shutil
 import time
-import warnings
 from typing import Any
 
 import numpy as np
@@ -32,6 +29,7 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError, ProfileError, VerificationError
+from edgekit.quiet import quiet_python
 
 PRIMARY = "model.qonnx.onnx"
 HLS_DIR = "hls"
@@ -39,14 +37,6 @@ PROJECT = "edgekit_fabric"
 FABRIC_GOLDEN = "fabric_golden.npz"
 RESOURCES = "resources.json"
 CHECK_SAMPLES = 64  # calibration samples checked bit-exact inside convert()
-
-
-def _quiet():
-    stack = contextlib.ExitStack()
-    stack.enter_context(warnings.catch_warnings())
-    warnings.simplefilter("ignore")
-    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    return stack
 
 
 class Hls4mlConverter:
@@ -111,7 +101,7 @@ class Hls4mlConverter:
         # hls4ml
         backend = "VivadoAccelerator" if fpga.hls4ml_board else "Vitis"
         prj = job.work_dir / HLS_DIR
-        with _quiet():
+        with quiet_python(root_logger=False):
             cfg = hls4ml.utils.config.config_from_onnx_model(
                 mw, granularity="name", backend=backend, default_precision="fixed<16,6>",
                 default_reuse_factor=est.reuse_factor)
@@ -217,7 +207,7 @@ class Hls4mlConverter:
 
     @staticmethod
     def _predict(state: dict[str, Any], x: np.ndarray) -> np.ndarray:
-        with _quiet():
+        with quiet_python(root_logger=False):
             out = state["hm"].predict(np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32))
         return np.asarray(out, np.float32).reshape(len(x), -1)
 
@@ -251,7 +241,7 @@ def first_mismatch(hm, mw, x1: np.ndarray) -> str:
     the next compute node; it matches when one of them is equal bit for bit."""
     from edgekit.converters import fpga_quant as fq
 
-    with _quiet():
+    with quiet_python(root_logger=False):
         _, trace = hm.trace(np.ascontiguousarray(x1.reshape(1, -1), dtype=np.float32))
     ctx = fq.qonnx_execute(mw, x1, full=True)
     nodes = list(mw.graph.node)

@@ -25,7 +25,7 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
-from edgekit.onnx_graph import export_onnx, prune_opsets, slim, toposort
+from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, toposort
 
 PRIMARY = "model.onnx"
 
@@ -103,8 +103,7 @@ class TensorRTConverter:
             extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
         )
         proto = prune_opsets(onnx.load(str(dest)))
-        if proto.ir_version > 10:
-            proto.ir_version = 10
+        cap_ir_version(proto)
         onnx.save(proto, str(dest))
         n_q = sum(1 for n in proto.graph.node if n.op_type == "QuantizeLinear")
         n_dq = sum(1 for n in proto.graph.node if n.op_type == "DequantizeLinear")

@@ -38,14 +38,10 @@ Options (``--option key=value``):
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import logging
 import os
 import statistics
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +50,8 @@ from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_f
 
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
+from edgekit.quiet import quiet_python
+from edgekit.tf_graph import tf_convert
 from edgekit.tflite_graph import TFLiteGraph, text
 
 PRIMARY = "model.tflite"
@@ -69,19 +67,6 @@ INT8_DELEGATE_OPS = {
     "STRIDED_SLICE", "SUB", "TANH", "TRANSPOSE", "TRANSPOSE_CONV", "ELU", "PRELU", "BATCH_MATMUL",
 }
 _FLOAT_TYPES = {"FLOAT32", "FLOAT16", "FLOAT64"}
-
-
-def _quiet():
-    """litert-torch / TensorFlow print progress trees and absl logs; keep the CLI readable.
-    The root logger's level is restored on exit."""
-    stack = contextlib.ExitStack()
-    stack.enter_context(contextlib.redirect_stdout(io.StringIO()))
-    stack.enter_context(warnings.catch_warnings())
-    warnings.simplefilter("ignore")
-    root = logging.getLogger()
-    stack.callback(root.setLevel, root.level)
-    root.setLevel(logging.ERROR)
-    return stack
 
 
 def _litert_torch():
@@ -302,13 +287,13 @@ class TFLiteConverter:
         module = self._module(job)
         if job.precision in ("fp32", "fp16"):
             edge = self._lower(lt, module, sample, layout, None, m)
-            with _quiet():
+            with quiet_python():
                 edge.export(str(job.work_dir / "float.tflite") if job.precision == "fp16" else str(dest))
             if job.precision == "fp16":
                 return self._fp16(job.work_dir / "float.tflite", dest)
             return {"tool": "litert-torch", "weights": "fp32", "activations": "fp32", "io": "float32"}
         info, edge = self._pt2e(job, lt, module, sample, layout, dynamic=job.precision != "int8")
-        with _quiet():
+        with quiet_python():
             edge.export(str(dest))
         return info
 
@@ -372,7 +357,7 @@ class TFLiteConverter:
             module = lt.to_channel_last_io(module, args=idx_in, outputs=idx_out)
             sample = tuple(x.permute(0, 2, 3, 1).contiguous() if x.dim() == 4 else x for x in sample)
         try:
-            with _quiet():
+            with quiet_python():
                 return lt.convert(module, sample, quant_config=quant_config)
         except Exception as exc:  # torch.export / lowering raise many types
             raise ConversionError(_explain_export_failure(exc, m.source)) from None
@@ -395,7 +380,7 @@ class TFLiteConverter:
                 cast.append(op)
             except (ValueError, AttributeError):  # op not offered by this ai-edge-quantizer's FLOAT_CASTING
                 continue
-        with _quiet():
+        with quiet_python():
             res = q.quantize(enable_progress_report=False)
         dest.write_bytes(bytes(res.quantized_model))
         return {"tool": "ai-edge-quantizer FLOAT_CASTING", "weights": "fp16 weights of " + ", ".join(cast),
@@ -414,7 +399,7 @@ class TFLiteConverter:
             except Exception as exc:
                 raise ConversionError(_explain_export_failure(exc, m.source)) from None
         n_batches = 0
-        with _quiet():
+        with quiet_python():
             prepared = quantize_pt2e.prepare_pt2e(module, q)
             with torch.no_grad():
                 if dynamic:
@@ -483,185 +468,6 @@ def _interpreter(path: Path, threads: int):
 
 def _dist_version(dist: str) -> str:
     return toolchain_versions(dist).get(dist, "?")
-
-
-# ---------------------------------------------------------------- Keras / SavedModel (TensorFlow)
-
-
-def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_dir: Path | None = None,
-               allow_float_fallback: bool = False, log=lambda m: None) -> dict[str, Any]:
-    """Write ``dest`` from a Keras / SavedModel Model with ``tf.lite.TFLiteConverter``; returns the
-    quantization record for the manifest. Also used by the analyze stage (fp32)."""
-    from edgekit.ingest import TF_EXTRA, _tf
-
-    tf = _tf()
-    if work_dir is None:
-        raise ValueError("tf_convert needs a work_dir")  # a bug, not a user error
-    conv, as_feed = _tf_converter(tf, model, Path(work_dir))
-    tool = f"TensorFlow {tf.__version__} TFLiteConverter"
-    info: dict[str, Any]
-    if precision == "fp32":
-        info = {"tool": tool, "weights": "fp32", "activations": "fp32", "io": "float32"}
-    elif precision == "fp16":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.target_spec.supported_types = [tf.float16]
-        info = {"tool": tool + " (supported_types float16)", "weights": "fp16 (DEQUANTIZE to fp32)",
-                "activations": "fp32", "io": "float32"}
-    elif precision == "int8-dynamic":
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        info = {"tool": tool + " (Optimize.DEFAULT, no representative data)",
-                "weights": "int8 per-channel (TensorFlow keeps weight tensors under 1024 elements float)",
-                "activations": "int8 quantized at run time (dynamic range)", "io": "float32"}
-    elif precision == "int8":
-        if calib is None:  # the pipeline refuses int8 without --calib
-            raise InputSpecError("int8 needs calibration data: give --calib FILE.npz")
-        feeds = list(calib.batches(model))
-        if not feeds:
-            raise InputSpecError(f"--calib {calib.source}: no batch of {model.inputs[0].shape[0]} samples in it")
-
-        def representative():
-            for feed in feeds:
-                yield as_feed(feed)
-
-        conv.optimizations = [tf.lite.Optimize.DEFAULT]
-        conv.representative_dataset = representative
-        ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-        if allow_float_fallback:
-            ops.append(tf.lite.OpsSet.TFLITE_BUILTINS)  # ops without an int8 kernel stay float (audited)
-        conv.target_spec.supported_ops = ops
-        conv.inference_input_type = tf.int8
-        conv.inference_output_type = tf.int8
-        info = {"tool": tool + " (representative_dataset, TFLITE_BUILTINS_INT8)",
-                "weights": "int8 symmetric per-channel", "activations": "int8 per-tensor affine (min/max on --calib)",
-                "io": "int8", "calibration_batches": len(feeds), "calibration_source": calib.source}
-        log(f"TFLiteConverter calibrates on {len(feeds)} batches")
-    else:
-        raise ConversionError(f"precision {precision!r} is not offered for Keras / SavedModel input")
-    captured = io.StringIO()
-    try:
-        with _quiet(), _stderr_fd_to(captured):
-            data = conv.convert()
-    except Exception as exc:  # the converter raises ConverterError, RuntimeError, ValueError ...
-        raise ConversionError(_explain_tf_failure(exc, model.source, precision, allow_float_fallback,
-                                                  captured.getvalue())) from None
-    Path(dest).write_bytes(data)
-    _order_io(Path(dest), [_sig_name(s.name, i) for i, s in enumerate(model.inputs)], len(model.outputs))
-    if precision == "int8-dynamic":
-        kept = _float_weights(Path(dest))
-        info["float_weights"] = kept  # weight tensors TensorFlow left float (too small to quantize)
-        if kept:
-            log(f"int8-dynamic: {len(kept)} weight tensor(s) under 1024 elements stay float32")
-    info["extra"] = TF_EXTRA
-    return info
-
-
-def _float_weights(path: Path) -> list[str]:
-    """Names of the float32 weight tensors (input 1 of conv / fully-connected ops) in a .tflite."""
-    g = TFLiteGraph(path)
-    return [g.tensor_name(ins[1]) for name, ins, _ in g.operators()
-            if name in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "TRANSPOSE_CONV") and len(ins) > 1
-            and g.type_name(ins[1]) == "FLOAT32" and g.is_const(ins[1])]
-
-
-def _sig_name(name: str, i: int) -> str:
-    from edgekit.ingest import _tf_arg_name
-
-    return _tf_arg_name(name, i)
-
-
-def _tf_converter(tf: Any, model: Any, work_dir: Path):
-    """(TFLiteConverter, feed -> representative sample) for the model at its fixed input shapes.
-
-    Keras: ``keras.export.ExportArchive`` writes a SavedModel with one endpoint at the fixed
-    shapes (converting the Keras model's traced function directly leaves its variables as
-    READ_VARIABLE ops instead of constants). SavedModel: its ``serving_default`` signature traced
-    at the fixed shapes (``Model.tf_function``), the loaded object as the trackable.
-    """
-    names = [s.name for s in model.inputs]
-    if model.kind == "keras":
-        keras = require("keras", "keras")
-        export = work_dir / "keras_export"
-        if not (export / "saved_model.pb").is_file():
-            km = model.tf_model
-            sig = [tf.TensorSpec(s.shape, s.dtype, name=_sig_name(s.name, i)) for i, s in enumerate(model.inputs)]
-            archive = keras.export.ExportArchive()
-            archive.track(km)
-
-            def serve(*xs):
-                return tuple(tf.nest.flatten(km(list(xs) if len(xs) > 1 else xs[0], training=False)))
-
-            archive.add_endpoint("serve", serve, input_signature=sig)
-            with _quiet():
-                archive.write_out(str(export), verbose=False)
-        conv = tf.lite.TFLiteConverter.from_saved_model(str(export), signature_keys=["serve"])
-    else:
-        conv = tf.lite.TFLiteConverter.from_concrete_functions([model.tf_function], model.tf_model)
-    # samples keyed by signature input name: TFLite orders a signature's inputs by name, not as the model does
-    keys = [_sig_name(n, i) for i, n in enumerate(names)]
-    return conv, lambda feed: {k: feed[n] for k, n in zip(keys, names, strict=True)}
-
-
-def _order_io(path: Path, input_names: list[str], n_outputs: int) -> None:
-    """Make the .tflite's input/output order that of the model (TFLite orders a signature's tensors
-    by name): inputs by the signature's input names, outputs output_0, output_1, ... Rewrites
-    ``path`` only when the order differs (multi-input / multi-output models)."""
-    if len(input_names) < 2 and n_outputs < 2:
-        return
-    g = TFLiteGraph(path)
-    sg = g.sg
-    sig = (g.model.signatureDefs or [None])[0]
-    if sig is None:
-        return
-
-    def by_name(tms) -> dict[str, int]:
-        return {text(t.name): int(t.tensorIndex) for t in tms or []}
-
-    ins, outs = by_name(sig.inputs), by_name(sig.outputs)
-    want_in = [ins[n] for n in input_names if n in ins]
-    out_keys = sorted(outs, key=lambda k: (len(k), k))  # output_0, output_1, ..., output_10
-    want_out = [outs[k] for k in out_keys]
-    changed = False
-    if len(want_in) == len(sg.inputs) and want_in != [int(i) for i in sg.inputs]:
-        sg.inputs, changed = want_in, True
-    if len(want_out) == len(sg.outputs) and want_out != [int(i) for i in sg.outputs]:
-        sg.outputs, changed = want_out, True
-    if changed:
-        g.save(path)
-
-
-@contextlib.contextmanager
-def _stderr_fd_to(sink: io.StringIO):
-    """TensorFlow's converter and calibrator print from C++ straight to file descriptor 2
-    ("fully_quantize: 0, inference_type: 6 ..."); collect that into ``sink`` (for error messages)."""
-    import sys
-    import tempfile
-
-    try:
-        sys.stderr.flush()
-        saved = os.dup(2)
-    except (OSError, AttributeError, ValueError):
-        yield
-        return
-    with tempfile.TemporaryFile(mode="w+b") as tmp:
-        os.dup2(tmp.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-            tmp.seek(0)
-            sink.write(tmp.read().decode(errors="replace"))
-
-
-def _explain_tf_failure(exc: Exception, source: str, precision: str, allow_fallback: bool, log: str = "") -> str:
-    text = str(exc).strip()
-    lines = [ln.strip() for ln in (text + "\n" + log).splitlines() if ln.strip()]
-    first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else "")
-    msg = f"{source}: TensorFlow's TFLiteConverter could not convert the model at {precision} ({type(exc).__name__}: {first[:300]})"
-    if precision == "int8" and not allow_fallback:
-        msg += ("; an op without an int8 kernel blocks full-integer int8: replace that layer, "
-                "or pass --option allow_float_fallback=true to keep it float")
-    return msg
 
 
 def _explain_export_failure(exc: Exception, source: str) -> str:

@@ -97,7 +97,7 @@ def analyze_model(model: Any, work_dir: Path, target: Any = None, opset: int | N
     check_target_takes(model, target)
     name = target.name if target is not None else None
     if model.is_tf:
-        from edgekit.converters.tflite import tf_convert
+        from edgekit.tf_graph import tf_convert
 
         path = Path(work_dir) / "float.tflite"
         t0 = time.perf_counter()

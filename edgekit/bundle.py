@@ -17,10 +17,9 @@ import contextlib
 import io
 import json
 import os
-import posixpath
-import re
-import shutil
 import lzma
+import posixpath
+import shutil
 import tarfile
 import tempfile
 import zlib
@@ -33,6 +32,7 @@ from pydantic import ValidationError
 
 from edgekit.errors import EdgekitError
 from edgekit.manifest import MANIFEST, SCHEMA_VERSION, Manifest, validation_message
+from edgekit.quiet import first_line
 from edgekit.fsutil import sha256_file, size_limit, work_dir
 
 
@@ -211,7 +211,7 @@ def unpack(bundle: str | Path, dest: Path | None = None, max_mb: float | None = 
     try:
         tar = tarfile.open(bundle, "r:*")
     except damaged as exc:
-        raise BundleError(f"{bundle} is not a readable tar archive ({_reason(exc)}); make it again with `edgekit bundle`") from None
+        raise BundleError(f"{bundle} is not a readable tar archive ({first_line(exc, 160)}); make it again with `edgekit bundle`") from None
     holder = None
     made_dest = False  # edgekit never deletes a folder it did not make
     try:
@@ -219,7 +219,7 @@ def unpack(bundle: str | Path, dest: Path | None = None, max_mb: float | None = 
             try:
                 members = check_members(tar)
             except damaged as exc:
-                raise BundleError(f"{bundle} is truncated or damaged ({_reason(exc)}); copy it again or make it again "
+                raise BundleError(f"{bundle} is truncated or damaged ({first_line(exc, 160)}); copy it again or make it again "
                                   "with `edgekit bundle`") from None
             files = {_check_name(m.name): m for m in members if m.isfile()}
             if MANIFEST not in files:
@@ -230,7 +230,7 @@ def unpack(bundle: str | Path, dest: Path | None = None, max_mb: float | None = 
             try:
                 raw = tar.extractfile(files[MANIFEST]).read()  # type: ignore[union-attr]
             except damaged as exc:
-                raise BundleError(f"{bundle} is truncated or damaged ({_reason(exc)}); copy it again") from None
+                raise BundleError(f"{bundle} is truncated or damaged ({first_line(exc, 160)}); copy it again") from None
             man = parse_manifest(raw, str(bundle))
             extra = sorted(set(files) - set(man.files) - {MANIFEST})
             if extra:
@@ -255,7 +255,7 @@ def unpack(bundle: str | Path, dest: Path | None = None, max_mb: float | None = 
             try:
                 tar.extractall(dest, members=members, filter="data")
             except damaged as exc:
-                raise BundleError(f"{bundle} is truncated or damaged ({_reason(exc)}); copy it again or make it again "
+                raise BundleError(f"{bundle} is truncated or damaged ({first_line(exc, 160)}); copy it again or make it again "
                                   "with `edgekit bundle`") from None
             except tarfile.FilterError as exc:  # pragma: no cover - check_members refuses these first
                 raise BundleError(f"{bundle}: {exc}; refusing the bundle") from None
@@ -271,11 +271,6 @@ def unpack(bundle: str | Path, dest: Path | None = None, max_mb: float | None = 
             shutil.rmtree(dest, ignore_errors=True)
         raise
     return Unpacked(dest.resolve(), man, holder)
-
-
-def _reason(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:160] if text else type(exc).__name__
 
 
 @contextlib.contextmanager

@@ -24,7 +24,6 @@ else platformdirs' user data dir) and applied by :func:`edgekit.costmodel.calibr
 from __future__ import annotations
 
 import copy
-import json
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -33,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.calibration_store import load_fit, load_store, save_store, store_path  # noqa: F401 - re-exported
-from edgekit.fsutil import work_dir  # shared with edgekit.results
+from edgekit.calibration_store import load_store, save_store
+from edgekit.costmodel import latency_ms
+from edgekit.fsutil import work_dir
 
 # A fitted efficiency above 1 means the profile's peak is too low for this machine (e.g. a
 # newer CPU than the profile describes); the fit allows that rather than hide it.
@@ -181,7 +181,7 @@ def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | Non
                 out = Path(tmp) / f"m{i}-{prec}"
                 res = convert(model, target=target, out=out, board=board.id, precision=prec,
                               calib=calib if prec == "int8" else None, input_shape=shape, golden_count=4)
-                feeds.append({k: np.asarray(v) for k, v in _first_feed(res.out_dir).items()})
+                feeds.append(_first_feed(res))
                 paths.append(res.out_dir / res.manifest["artifact"]["primary"])
                 tag = f"@{shape[0]}" if shape else ""
                 samples.append({"model": str(model) + (f" {tag}" if tag else ""),
@@ -197,10 +197,10 @@ def measure(board_id: str = "host/host", models: list[tuple[str, list[str] | Non
     return samples
 
 
-def _first_feed(out_dir: Path) -> dict[str, np.ndarray]:
-    man = json.loads((out_dir / "manifest.json").read_text())
-    with np.load(out_dir / "golden.npz") as z:
-        return {g["name"]: z[g["key"]][:1] for g in man["golden"]["inputs"]}
+def _first_feed(res) -> dict[str, np.ndarray]:
+    """The first golden sample of a build (the pipeline's ConvertResult), as one feed."""
+    with np.load(res.out_dir / res.manifest["golden"]["file"]) as z:
+        return {g["name"]: np.asarray(z[g["key"]][:1]) for g in res.manifest["golden"]["inputs"]}
 
 
 # ---------------------------------------------------------------- fitting
@@ -225,11 +225,10 @@ def predict(sample: dict[str, Any], consts: dict[str, Any], default_eff: float =
     eff = consts["efficiency"].get(prec, default_eff) * np.array([ce.get(c, 1.0) for c in t["class"]])
     bwf = consts.get("bandwidth_factor", 1.0)
     passes = consts.get("activation_passes", {}).get(prec, 0.0)
-    c = np.asarray(t["compute_ms_eff1"], dtype=float) / eff
-    m = np.asarray(t["memory_ms"], dtype=float) / bwf
-    n = float(np.sum(t["launches"]))
-    return float(np.maximum(c, m).sum() + n * consts["launch_overhead_us"] / 1e3 * (1 + passes)
-                 + passes * np.sum(t["pass_ms"]) / bwf)
+    return latency_ms(np.asarray(t["compute_ms_eff1"], dtype=float) / eff,
+                      np.asarray(t["memory_ms"], dtype=float) / bwf,
+                      np.asarray(t["launches"], dtype=float) * consts["launch_overhead_us"] / 1e3 * (1 + passes),
+                      passes * np.asarray(t["pass_ms"], dtype=float) / bwf)
 
 
 def fit(samples: list[dict[str, Any]], start: dict[str, Any]) -> dict[str, Any]:

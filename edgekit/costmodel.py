@@ -46,6 +46,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 from edgekit.analyze import WEIGHT_OPS, ModelStats
 from edgekit.profiles import Board
 
@@ -89,6 +91,12 @@ class Candidate:
         return " / ".join(parts)
 
 
+def latency_ms(compute_ms: Any, memory_ms: Any, launch_ms: Any, passes_ms: Any) -> float:
+    """The one latency formula (floats, or numpy arrays over layers, summed): each layer is bound by compute
+    or by memory traffic, whichever is slower, plus its kernel launches and its activation passes."""
+    return float(np.sum(np.maximum(compute_ms, memory_ms) + launch_ms + passes_ms))
+
+
 @dataclass
 class LayerCost:
     name: str
@@ -104,7 +112,7 @@ class LayerCost:
 
     @property
     def latency_ms(self) -> float:
-        return max(self.compute_ms, self.memory_ms) + self.launch_ms + self.passes_ms
+        return latency_ms(self.compute_ms, self.memory_ms, self.launch_ms, self.passes_ms)
 
     @property
     def bound(self) -> str:

@@ -15,6 +15,7 @@ import numpy as np
 
 from edgekit.errors import InputSpecError
 from edgekit.fsutil import size_limit
+from edgekit.quiet import first_line
 from edgekit.ingest import Model
 
 LABEL_KEYS = ("label", "labels", "y", "target", "targets")
@@ -86,7 +87,7 @@ def _read_arrays(path: Path, what: str, cap: int) -> dict[str, np.ndarray]:
         try:
             return {path.stem: np.load(path, allow_pickle=False)}
         except (ValueError, OSError, EOFError) as exc:
-            raise InputSpecError(f"{what}: not a readable .npy file ({_line(exc)}); save it with numpy.save") from None
+            raise InputSpecError(f"{what}: not a readable .npy file ({first_line(exc, 200)}); save it with numpy.save") from None
     try:
         with zipfile.ZipFile(path) as zf:
             for info in zf.infolist():
@@ -101,12 +102,7 @@ def _read_arrays(path: Path, what: str, cap: int) -> dict[str, np.ndarray]:
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except (zipfile.BadZipFile, ValueError, OSError, EOFError) as exc:
-        raise InputSpecError(f"{what}: not a readable .npz file ({_line(exc)}); save it with numpy.savez") from None
-
-
-def _line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:200] if text else type(exc).__name__
+        raise InputSpecError(f"{what}: not a readable .npz file ({first_line(exc, 200)}); save it with numpy.savez") from None
 
 
 def _check_values(what: str, key: str, arr: np.ndarray) -> None:

@@ -23,7 +23,6 @@ from fnmatch import fnmatch
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from edgekit.bundle import MANIFEST, Unpacked, opened
 from edgekit.manifest import Manifest

@@ -11,12 +11,11 @@ from the Model.
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import re
 import sys
 import zipfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ import numpy as np
 from edgekit.deps import require
 from edgekit.errors import InputSpecError, ModelLoadError
 from edgekit.fsutil import sha256_file
+from edgekit.quiet import capture_fd2, first_line, quiet_loggers
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -223,10 +223,10 @@ def _load_torch_file(path: Path, shapes, trust_pickle: bool) -> Model:
         is_ts = any(n.split("/", 1)[-1].startswith("code/") for n in names)
         if is_ep:
             try:
-                with quiet_logs():
+                with quiet_loggers("torch", "torch._export", "torch.export"):
                     ep = torch.export.load(f)
             except Exception as exc:  # torch raises many types for damaged archives
-                why = _first_line(exc).replace(" Please check the warnings above for possible errors.", "")
+                why = first_line(exc).replace(" Please check the warnings above for possible errors.", "")
                 raise ModelLoadError(
                     f"{path}: cannot read the ExportedProgram ({type(exc).__name__}: {why[:200]}); "
                     "is the file complete? re-export with torch.export.save"
@@ -234,11 +234,11 @@ def _load_torch_file(path: Path, shapes, trust_pickle: bool) -> Model:
             return _from_exported(str(path), digest, ep, shapes)
         if is_ts:
             try:
-                with quiet_logs():
+                with quiet_loggers("torch", "torch._export", "torch.export"):
                     mod = torch.jit.load(f, map_location="cpu")
             except Exception as exc:
                 raise ModelLoadError(
-                    f"{path}: cannot read TorchScript ({type(exc).__name__}: {_first_line(exc)[:200]}); "
+                    f"{path}: cannot read TorchScript ({type(exc).__name__}: {first_line(exc)[:200]}); "
                     "is the file complete? re-save it with torch.jit.save") from None
             mod.eval()
             inputs = _inputs_from_shapes(shapes, path, _ts_input_names(mod))
@@ -445,33 +445,11 @@ def _tf() -> Any:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     if sys.modules.get("tensorflow") is not None:
         return sys.modules["tensorflow"]
-    with quiet_fd2():  # absl prints oneDNN / "InitializeLog" lines at import whatever TF_CPP_MIN_LOG_LEVEL says
-        return require("tensorflow", TF_EXTRA)
+    with capture_fd2(replay_on_error=True):  # absl prints oneDNN / InitializeLog lines at import, whatever
+        return require("tensorflow", TF_EXTRA)  # TF_CPP_MIN_LOG_LEVEL says
 
 
-@contextlib.contextmanager
-def quiet_fd2() -> Iterator[None]:
-    """Send what C/C++ code writes to file descriptor 2 during the block to a scratch file (a user reads
-    "Failed to load"/"WARNING" lines as failures); on an error its last lines are shown after all."""
-    import os
-    import tempfile
 
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with tempfile.TemporaryFile() as sink:
-        os.dup2(sink.fileno(), 2)
-        try:
-            yield
-        except BaseException:
-            os.dup2(saved, 2)
-            sink.seek(0)
-            tail = sink.read().decode(errors="replace").strip().splitlines()[-5:]
-            if tail:
-                sys.stderr.write("\n".join(tail) + "\n")
-            raise
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
@@ -493,7 +471,7 @@ def _load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
                 "pass --trust-pickle if you trust its source, or replace the Lambda with a built-in layer"
             ) from None
         raise ModelLoadError(
-            f"{path}: Keras cannot load the model ({type(exc).__name__}: {_first_line(exc)}); "
+            f"{path}: Keras cannot load the model ({type(exc).__name__}: {first_line(exc)}); "
             "is the file complete? re-save it with model.save('model.keras')"
         ) from None
     try:
@@ -540,7 +518,7 @@ def _load_saved_model(path: Path, shapes, trust_pickle: bool = False) -> Model:
         loaded = tf.saved_model.load(str(path))
     except Exception as exc:
         raise ModelLoadError(
-            f"{path}: TensorFlow cannot load the SavedModel ({type(exc).__name__}: {_first_line(exc)}); "
+            f"{path}: TensorFlow cannot load the SavedModel ({type(exc).__name__}: {first_line(exc)}); "
             "is the folder complete? re-export it (model.export(folder) or tf.saved_model.save)"
         ) from None
     sigs = dict(getattr(loaded, "signatures", {}) or {})
@@ -622,26 +600,5 @@ def _tf_arg_name(name: str, i: int) -> str:
 def _does_not_run(model: Model, exc: BaseException, fix: str) -> InputSpecError:
     shapes = ", ".join(f"{s.name}{list(s.shape)}" for s in model.inputs)
     return InputSpecError(f"{model.source}: the model does not run on inputs {shapes} "
-                          f"({type(exc).__name__}: {_first_line(exc)}); {fix}")
+                          f"({type(exc).__name__}: {first_line(exc)}); {fix}")
 
-
-@contextlib.contextmanager
-def quiet_logs() -> Iterator[None]:
-    """Keep torch's own log lines (warnings printed while it reads a damaged archive) off the user's screen:
-    the error edgekit raises says what went wrong, in one line."""
-    import logging
-
-    loggers = [logging.getLogger(n) for n in ("torch", "torch._export", "torch.export")]
-    levels = [lg.level for lg in loggers]
-    for lg in loggers:
-        lg.setLevel(logging.CRITICAL)
-    try:
-        yield
-    finally:
-        for lg, lv in zip(loggers, levels, strict=True):
-            lg.setLevel(lv)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0][:240] if text else ""

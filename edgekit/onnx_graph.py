@@ -11,6 +11,7 @@ from typing import Any
 from edgekit.deps import require
 from edgekit.errors import ConversionError
 from edgekit.ingest import Model
+from edgekit.quiet import first_line
 
 DEFAULT_OPSET = 18  # torch.onnx's torch.export path writes >= 18; TensorRT 8.6+ parses it
 MAX_IR_VERSION = 10  # onnxruntime 1.2x-1.3x reject IR 14 (onnx 1.23's default for new models)
@@ -50,14 +51,20 @@ def export_onnx(model: Model, dest: Path, opset: int = DEFAULT_OPSET) -> Path:
                 prog.save(str(dest))
     except Exception as exc:
         raise ConversionError(
-            f"torch.onnx.export failed for {model.source}: {type(exc).__name__}: {_first_line(exc)}; "
+            f"torch.onnx.export failed for {model.source}: {type(exc).__name__}: {first_line(exc)}; "
             "if the model has data-dependent control flow, export it with fixed shapes or give an ONNX file"
         ) from None
     proto = onnx.load(str(dest))
     if proto.ir_version > MAX_IR_VERSION:
-        proto.ir_version = MAX_IR_VERSION
-        onnx.save(proto, str(dest))
+        onnx.save(cap_ir_version(proto), str(dest))
     return dest
+
+
+def cap_ir_version(proto: Any) -> Any:
+    """Write at most IR version MAX_IR_VERSION (onnxruntime rejects newer ones onnx may default to)."""
+    if proto.ir_version > MAX_IR_VERSION:
+        proto.ir_version = MAX_IR_VERSION
+    return proto
 
 
 def quiet_torch_logs() -> None:
@@ -90,9 +97,6 @@ def toposort(proto: Any) -> Any:
     return proto
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:300] if text else ""
 
 
 def fix_input_shapes(proto: Any, model: Model) -> None:
@@ -117,8 +121,7 @@ def slim(src: Path, dest: Path) -> dict[str, int]:
     with contextlib.redirect_stdout(io.StringIO()):
         out = onnxslim.slim(proto)
     out = prune_opsets(out)
-    if out.ir_version > MAX_IR_VERSION:
-        out.ir_version = MAX_IR_VERSION
+    cap_ir_version(out)
     onnx.save(out, str(dest))
     return {"nodes_before": before, "nodes_after": len(out.graph.node)}
 
@@ -130,8 +133,3 @@ def prune_opsets(proto: Any) -> Any:
     del proto.opset_import[:]
     proto.opset_import.extend(keep)
     return proto
-
-
-def op_inventory(proto: Any) -> list[tuple[str, str]]:
-    """(op_type, node name) of every node, in graph order."""
-    return [(n.op_type if not n.domain or n.domain == "ai.onnx" else f"{n.domain}::{n.op_type}", n.name) for n in proto.graph.node]

@@ -200,7 +200,7 @@ def analyze(model: Any, target: Target | None, work_dir: Path, input_shape: list
     return Analyzed(m, stats, graph)
 
 
-def analyze_model(model: Any, target: Target | None = None, input_shape: list[str] | None = None,
+def model_stats(model: Any, target: Target | None = None, input_shape: list[str] | None = None,
                   trust_pickle: bool = False):
     """(Model, ModelStats) for a path, ``pkg.module:factory`` or loaded Model (the float graph is not kept)."""
     with work_dir("edgekit-plan-") as tmp:
@@ -284,7 +284,7 @@ def choose(
     if isinstance(model, Analyzed):
         m, stats = model.model, stats or model.stats
     elif stats is None:
-        m, stats = analyze_model(model, tgt, input_shape, trust_pickle)
+        m, stats = model_stats(model, tgt, input_shape, trust_pickle)
     elif isinstance(model, Model):
         m = model
     elif model is not None and prunable is None:  # stats given for a path: load it only to ask can_prune

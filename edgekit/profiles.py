@@ -60,7 +60,7 @@ class PowerMode(_Strict):
         return v
 
 
-class Budgets(_Strict):
+class BoardBudgets(_Strict):
     model_ram_share: float = Field(gt=0, le=1, description="share of board RAM the model may use")
     latency_ms: float = Field(gt=0)
     power_w: float = Field(gt=0)
@@ -100,7 +100,7 @@ class Board(_Strict):
     runtime_overhead_mb: float = Field(ge=0, description="RAM taken by the runtime before the model loads")
     default_power_mode: str
     power_modes: dict[str, PowerMode] = Field(min_length=1)
-    budgets: Budgets
+    budgets: BoardBudgets
     efficiency: dict[Precision, Annotated[float, Field(gt=0, le=1)]] = Field(
         default_factory=dict,
         description="share of peak throughput reached in practice (cost model); recalibrated from measurements",
@@ -184,7 +184,6 @@ class Target(_Strict):
     default_precision: Precision
     host_runtime: str
     runner: str = Field(description="folder under firmware/ copied into the bundle")
-    flash_transport: list[str] = Field(default_factory=list)
     default_board: str | None = None
     opset: int | None = Field(default=None, ge=13)
     supported_ops: list[str] | None = Field(default=None, description="op types the target runs; None = not checked")

@@ -7,17 +7,16 @@ float vs converted accuracy. Tolerances come from the target profile per precisi
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
+from edgekit.converters import Runner
 from edgekit.data import Dataset
 from edgekit.ingest import Model
 from edgekit.profiles import Tolerance
 
-Runner = Callable[[dict[str, np.ndarray]], list[np.ndarray]]
 
 
 @dataclass

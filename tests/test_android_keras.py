@@ -113,7 +113,7 @@ def test_fp32_matches_tensorflow(kd, tmp_path, key):
 def test_plan_estimates_keras_layers_at_each_precision(kd):
     """The cost model counts the float .tflite's CONV_2D / FULLY_CONNECTED layers as weight layers."""
     from edgekit.costmodel import Candidate, estimate
-    from edgekit.planner import analyze_model
+    from edgekit.planner import model_stats as analyze_model
     from edgekit.profiles import load_board, load_target
 
     _, stats = analyze_model(str(kd["keras"]), load_target("android"))
@@ -236,7 +236,7 @@ def test_flag_option_one_parser():
 
 
 def test_quiet_restores_root_logger():
-    from edgekit.converters.tflite import _quiet
+    from edgekit.quiet import quiet_python as _quiet
 
     root = logging.getLogger()
     before = root.level

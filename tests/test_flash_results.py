@@ -49,7 +49,7 @@ def test_use_db_overrides_env(db, tmp_path):
 
 def test_results_and_calibration_share_edgekit_data_dir(tmp_path, monkeypatch):
     """Without EDGEKIT_RESULTS_DB the store lives in $EDGEKIT_DATA_DIR, beside the calibration fits."""
-    from edgekit.calibrate import save_store, store_path
+    from edgekit.calibration_store import save_store, store_path
 
     monkeypatch.delenv(results.ENV, raising=False)
     monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path / "data"))

@@ -61,16 +61,16 @@ def test_reuse_factor_is_smallest_that_fits():
     from edgekit.converters import fpga_resources as fr
 
     fpga = load_board("xilinx/pynq-z2").fpga
-    costs = [fr.LayerCost("fc1", 64 * 32, 8, 8, 32), fr.LayerCost("fc2", 32 * 10, 8, 8, 10)]
+    costs = [fr.FabricLayer("fc1", 64 * 32, 8, 8, 32), fr.FabricLayer("fc2", 32 * 10, 8, 8, 10)]
     est, tried = fr.pick_reuse(costs, fpga, io_stream=False)
     assert est.fits and est.reuse_factor == tried[-1].reuse_factor
     assert all(not t.fits for t in tried[:-1])
     assert [t.lut for t in tried] == sorted((t.lut for t in tried), reverse=True)  # more reuse, fewer LUTs
     # >= 9-bit operands go to DSPs: one per weight per reuse factor
-    wide = [fr.LayerCost("fc", 100, 16, 16, 10)]
+    wide = [fr.FabricLayer("fc", 100, 16, 16, 10)]
     assert fr.estimate(wide, 4, fpga, False).dsp == 25
     # a model far beyond the fabric never fits and says which resource binds
-    huge = [fr.LayerCost("fc", 4096 * 4096, 8, 8, 4096)]
+    huge = [fr.FabricLayer("fc", 4096 * 4096, 8, 8, 4096)]
     est, _ = fr.pick_reuse(huge, fpga, io_stream=False, choices=(1, 2, 4))
     assert not est.fits and est.limiting is not None
     assert "estimate" in est.to_json()["kind"]

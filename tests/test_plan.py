@@ -22,14 +22,14 @@ sys.path.insert(0, str(Path(__file__).parent))  # plan_nets:mobilenetv2
 
 @pytest.fixture(scope="module")
 def digits_stats(digits):
-    from edgekit.planner import analyze_model
+    from edgekit.planner import model_stats as analyze_model
 
     return analyze_model(str(digits["model"]), load_target("jetson"))[1]
 
 
 @pytest.fixture(scope="module")
 def mnv2_stats():
-    from edgekit.planner import analyze_model
+    from edgekit.planner import model_stats as analyze_model
 
     return analyze_model("plan_nets:mobilenetv2", load_target("jetson"), ["1,3,96,96"])[1]
 
@@ -160,7 +160,7 @@ def test_sparsity_only_where_board_supports_it():
 
 
 def test_calibration_store_is_applied(digits_stats, tmp_path, monkeypatch):
-    from edgekit.calibrate import save_store
+    from edgekit.calibration_store import save_store
 
     monkeypatch.setenv("EDGEKIT_DATA_DIR", str(tmp_path))
     b = load_board("host")

@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # plan_nets
 
 @pytest.fixture(scope="module")
 def mnv2_stats():
-    from edgekit.planner import analyze_model
+    from edgekit.planner import model_stats as analyze_model
 
     return analyze_model("plan_nets:mobilenetv2", load_target("jetson"), ["1,3,96,96"])[1]
 
@@ -115,7 +115,7 @@ def test_activation_passes_cost_launches_and_bytes(mnv2_stats):
 def test_fit_recovers_the_constants_that_made_the_latencies(mnv2_stats, digits):
     """Closed loop: latencies computed by the cost model with known constants are fitted back."""
     from edgekit.calibrate import constants, fit, median_abs_error, predict, sample_terms
-    from edgekit.planner import analyze_model
+    from edgekit.planner import model_stats as analyze_model
 
     b = load_board("host")
     truth = {"efficiency": {"fp32": 0.3, "int8": 0.08}, "class_efficiency": {"dwconv": 0.5, "gemm": 0.5},
@@ -136,7 +136,8 @@ def test_fit_recovers_the_constants_that_made_the_latencies(mnv2_stats, digits):
 
 
 def test_calibrate_host_fits_and_later_plans_use_it(digits):
-    from edgekit.calibrate import calibrate, load_fit, store_path
+    from edgekit.calibrate import calibrate
+    from edgekit.calibration_store import load_fit, store_path
 
     models = [(str(digits["model"]), None, str(digits["calib"])), ("edgekit.calibrate:gemm_bench", ["1,512"], "random")]
     store = calibrate("host", iterations=10, models=models, precisions=["fp32", "int8"])

@@ -103,7 +103,8 @@ def calibrate(
     as_json: Annotated[bool, typer.Option("--json")] = False,
 ) -> None:
     """Measure real latency (host: onnxruntime on this CPU), fit the board's cost-model constants, store them."""
-    from edgekit.calibrate import calibrate as run, store_path
+    from edgekit.calibrate import calibrate as run
+    from edgekit.calibration_store import store_path
     from edgekit.errors import InputSpecError
 
     if iterations < 1:

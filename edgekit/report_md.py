@@ -1,0 +1,63 @@
+"""The build report (``report.md``): rendered from the manifest, beside ``report_html.py`` (the plan's report)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgekit.analyze import ModelStats
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.3f} MB"
+
+
+def render_report(man: dict[str, Any], stats: ModelStats) -> str:
+    v = man["verification"]
+    lines = [
+        f"# edgekit conversion report: {man['name']}",
+        "",
+        f"- source: `{man['source_model']['path']}` ({man['source_model']['kind']}, sha256 {man['source_model']['sha256'][:12]}…)",
+        f"- target: **{man['target']}** ({man['format']}), precision **{man['precision']}**",
+        f"- board: **{man['board']['id']}** — {man['board']['description']}",
+        f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`",
+        "",
+        "## Host verification (artifact vs float model)",
+        "",
+        "| output | max abs error | max rel error | tolerance | top-1 agreement | result |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in v["outputs"]:
+        agree = "—" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%} (≥ {o['min_top1_agreement']:.0%})"
+        lines.append(
+            f"| {o['name']} | {o['max_abs_error']:.4g} | {o['max_rel_error']:.3%} | {o['tolerance_rel']:.2%} | {agree} | {'pass' if o['passed'] else 'FAIL'} |"
+        )
+    if v["float_accuracy"] is not None:
+        drop = 100 * (v["float_accuracy"] - v["converted_accuracy"])
+        lines += ["", f"Accuracy on {v['eval_samples']} eval samples: float **{v['float_accuracy']:.2%}**, "
+                  f"{man['precision']} **{v['converted_accuracy']:.2%}** (drop {drop:.2f} points, "
+                  f"tolerance {v['max_accuracy_drop_points']})."]
+    if v["failures"]:
+        lines += ["", "### Failures", ""] + [f"- {f}" for f in v["failures"]]
+    a = man["analysis"]
+    lines += [
+        "",
+        "## Model",
+        "",
+        f"- parameters: {a['params']:,} ({a['weight_params']:,} in conv/linear weights), MACs: {a['macs']:,}",
+        "- weight bytes: " + ", ".join(f"{k} {_mb(b)}" for k, b in a["weight_bytes"].items()),
+        f"- peak live activations: {_mb(a['peak_activation_bytes'])} (sum of all activations {_mb(a['total_activation_bytes'])})",
+        f"- artifact: `{man['artifact']['primary']}` {_mb(man['files'][man['artifact']['primary']]['bytes']) if 'files' in man else ''}",
+        "",
+        "## Board budgets",
+        "",
+        f"- latency {man['budgets']['latency_ms']} ms, power {man['budgets']['power_w']} W, model RAM {man['budgets']['ram_mb']} MB",
+        "- these are checked on the board by `python3 run.py` (smoke test); the host cannot measure them.",
+    ]
+    eng = man["artifact"].get("engine")
+    if eng is not None and not eng.get("built"):
+        lines += ["", "## TensorRT engine", "", f"Not built on this host: {eng['reason']}. On the board: `./build_engine.sh` "
+                  "(trtexec from JetPack), then `python3 run.py`."]
+    if man["warnings"] or man["notes"]:
+        lines += ["", "## Warnings and notes", ""] + [f"- {w}" for w in man["warnings"] + man["notes"]]
+    lines += ["", "## Stage times", "", ", ".join(f"{k} {t:.2f} s" for k, t in man["timings_s"].items()), ""]
+    return "\n".join(lines)

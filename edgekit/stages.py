@@ -1,0 +1,286 @@
+"""The convert pipeline's stages: each a function from typed records to a typed record.
+
+    ingest   -> Ingested      the model (edgekit.ingest.Model) and its calibration / eval data
+    analyze  -> Analysis      ModelStats and the float graph; the op-support check
+    plan     -> Planned       the precision (the budget planner's choice for ``auto``) and its estimate
+    compress -> Compression   what the converters share before they quantize: checked calibration data
+    convert  -> Artifact      the converter (edgekit.converters) writes the target's format
+    verify   -> Checked       Verification and the golden inputs/outputs, with the host runtime
+    write    -> manifest      golden.npz, runner, report.md, manifest.json (edgekit.manifest.Manifest)
+
+``STAGES`` declares the order; each stage names the records it needs and gives, and
+:func:`check_order` checks a stage list against that before anything runs. Quantization
+itself is per toolchain (onnxruntime Q/DQ, the PT2E quantizer, coremltools, brevitas) and stays
+in each converter; pruning is the planner's (edgekit.prune, used by edgekit.refine).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit import __version__
+from edgekit.analyze import ModelStats, analyze_model
+from edgekit.converters import Artifact, ConvertJob, Runner, converter_info, flag_option
+from edgekit.data import Dataset, load_npz, random_dataset
+from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
+from edgekit.fsutil import data_dir, sha256_file
+from edgekit.ingest import Model, check_target_takes, load_model
+from edgekit.manifest import SCHEMA_VERSION, Manifest
+from edgekit.planner import Plan, plan_section
+from edgekit.profiles import Board, Target, Tolerance
+from edgekit.report_md import render_report
+from edgekit.verify import Verification, verify as verify_outputs
+
+GOLDEN_FILE = "golden.npz"
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    needs: tuple[str, ...]  # records that must exist before it runs
+    gives: tuple[str, ...]  # records it adds
+
+
+# The order is data: a stage list is checked against it (check_order) before anything runs.
+STAGES: tuple[Stage, ...] = (
+    Stage("ingest", (), ("ingested",)),
+    Stage("analyze", ("ingested",), ("analysis",)),
+    Stage("plan", ("ingested", "analysis"), ("planned",)),
+    Stage("compress", ("ingested", "planned"), ("compression",)),
+    Stage("convert", ("ingested", "analysis", "planned", "compression"), ("artifact",)),
+    Stage("verify", ("ingested", "planned", "artifact"), ("checked",)),
+    Stage("write", ("ingested", "analysis", "planned", "compression", "artifact", "checked"), ("manifest",)),
+)
+STAGE_NAMES = tuple(s.name for s in STAGES)
+
+
+def check_order(names: list[str] | tuple[str, ...]) -> None:
+    """Every stage's inputs are given by an earlier stage; raises ValueError (a bug) otherwise."""
+    by_name = {s.name: s for s in STAGES}
+    have: set[str] = set()
+    for n in names:
+        if n not in by_name:
+            raise ValueError(f"unknown stage {n!r}")
+        missing = set(by_name[n].needs) - have
+        if missing:
+            raise ValueError(f"stage {n!r} needs {sorted(missing)}, which no earlier stage gives")
+        have |= set(by_name[n].gives)
+
+
+@dataclass
+class Ingested:
+    model: Model
+    calib: Dataset | None
+    eval: Dataset | None
+
+
+@dataclass
+class Analysis:
+    stats: ModelStats
+    float_graph: Path | None
+
+
+@dataclass
+class Planned:
+    precision: str
+    plan: Plan | None  # the planner's choice when the precision was "auto"
+    section: dict[str, Any] | None  # the manifest's ``plan``: the cost-model estimate of this build
+
+
+@dataclass
+class Compression:
+    calib: Dataset | None  # checked calibration data (int8), or None
+    golden: Dataset  # where the golden samples come from: --eval, else --calib, else random inputs
+
+
+@dataclass
+class Checked:
+    verification: Verification
+    golden_inputs: dict[str, np.ndarray]
+    golden_outputs: list[np.ndarray]
+
+
+def check_precision(precision: str, target: Target, board: Board) -> None:
+    if precision not in target.precisions:
+        raise ProfileError(
+            f"precision {precision!r} is not offered by target {target.name!r}; choose one of {target.precisions}"
+        )
+    if precision not in board.precisions:
+        raise ProfileError(
+            f"board {board.id} has no {precision} compute path (its profile lists {board.precisions}); "
+            f"choose --precision {board.precisions[-1] if board.precisions else 'fp32'}"
+        )
+
+
+def check_calibration(precision: str, given: bool) -> None:
+    if precision == "int8" and not given:
+        raise InputSpecError(
+            "INT8 needs calibration data: give --calib FILE.npz (a few hundred real inputs), "
+            "or --calib random to accept unknown accuracy"
+        )
+
+
+# ---------------------------------------------------------------- the stages
+
+
+def ingest(model: str | Path | Model, target: Target, input_shape: list[str] | None, trust_pickle: bool,
+           calib: str | None, eval_data: str | None, max_data_mb: float | None) -> Ingested:
+    """ingest: the model (refused early when the target does not take its kind) and its data files."""
+    check_target_takes(model, target)  # Keras / SavedModel / ONNX: refused by name before loading a framework
+    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
+    calib_ds = random_dataset(m) if calib == "random" else (
+        load_npz(calib, m, what="--calib", max_mb=max_data_mb) if calib else None)
+    eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval", max_mb=max_data_mb) if eval_data else None
+    return Ingested(m, calib_ds, eval_ds)
+
+
+def analyze(ing: Ingested, target: Target, work: Path, opset: int | None, options: dict[str, Any] | None,
+            warn: Callable[[str], None], given: tuple[ModelStats, Path] | None = None) -> Analysis:
+    """analyze: per-layer stats and the float graph (torch -> ONNX, ONNX as given, Keras -> fp32 .tflite), and
+    the op-support check against the target (refused here, or kept float where the converter allows it)."""
+    stats, graph = given if given is not None else analyze_model(ing.model, work, target, opset)
+    if stats.unsupported:
+        listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
+        if flag_option(options, "allow_float_fallback"):
+            warn(f"{len(stats.unsupported)} op(s) outside target {target.name}'s list kept (allow_float_fallback): "
+                 + listed)
+        else:
+            fix = "replace them in the model or choose another target"
+            if converter_info(target.converter).float_fallback:  # such ops can stay float (audited after converting)
+                fix += ", or pass --option allow_float_fallback=true to keep them float"
+            raise UnsupportedOpError(f"target {target.name} cannot run {len(stats.unsupported)} op(s): {listed}; {fix}")
+    return Analysis(stats, graph)
+
+
+def plan(ing: Ingested, an: Analysis, target: Target, board: Board, precision: str,
+         log: Callable[[str], None]) -> Planned:
+    """plan: the precision; for ``auto`` the budget-driven planner picks it from the analysis."""
+    chosen = None
+    if precision == "auto":
+        from edgekit.planner import choose
+
+        chosen = choose(ing.model, board, target, stats=an.stats, prunable=False)
+        precision = chosen.precision
+        log(f"plan: {chosen.reason}")
+    check_precision(precision, target, board)
+    return Planned(precision, chosen, plan_section(an.stats, board, precision, chosen))
+
+
+def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str], None]) -> Compression:
+    """compress: what every converter needs before it quantizes: calibration data for INT8 (real, or random
+    with a warning), and the data the golden samples are drawn from."""
+    calib_ds = ing.calib
+    if planned.precision == "int8":
+        check_calibration(planned.precision, calib_ds is not None)
+        if calib_ds is not None and calib_ds.random:
+            warn("--calib random: INT8 ranges come from random inputs; accuracy on real data is unknown")
+    golden = ing.eval or calib_ds or random_dataset(ing.model, n=golden_count)
+    return Compression(calib_ds, golden)
+
+
+def convert(job: ConvertJob, converter: Any) -> Artifact:
+    """convert: the target's converter writes its artifact into the (temporary) output folder."""
+    return converter.convert(job)
+
+
+def verify(ing: Ingested, runner: Runner, comp: Compression, golden_count: int, tol: Tolerance, runtime: str,
+           precision: str) -> Checked:
+    """verify: the artifact in the host runtime against the float model, on golden (and eval) data."""
+    v, gin, gout = verify_outputs(ing.model, ing.model.reference(), runner, comp.golden, golden_count, tol, runtime,
+                                  precision, ing.eval)
+    return Checked(v, gin, gout)
+
+
+def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,
+          calib_ds: Dataset | None, stats: ModelStats, versions: dict[str, Any], warnings: list[str],
+          times: dict[str, float], plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    """write: golden.npz, the device runner, report.md and manifest.json into the (temporary) output folder."""
+    verification, golden_in, golden_out = checked.verification, checked.golden_inputs, checked.golden_outputs
+    arrays: dict[str, np.ndarray] = {}
+    g_inputs, g_outputs = [], []
+    for i, spec in enumerate(m.inputs):
+        arrays[f"input_{i}"] = golden_in[spec.name]
+        g_inputs.append({"name": spec.name, "key": f"input_{i}", "shape": list(spec.shape), "dtype": spec.dtype})
+    for i, (spec, arr) in enumerate(zip(m.outputs, golden_out, strict=True)):
+        arrays[f"output_{i}"] = arr
+        g_outputs.append({"name": spec.name, "key": f"output_{i}", "shape": list(arr.shape[1:]), "dtype": str(arr.dtype)})
+    np.savez(out / GOLDEN_FILE, **arrays)
+
+    runner_src = data_dir("firmware") / tgt.runner
+    if not runner_src.is_dir():
+        raise ProfileError(f"target {tgt.name}: runner folder firmware/{tgt.runner} is missing from the install")
+    runner_files = []
+    # the target's runner, plus the smoke-test core every runner imports (firmware/common)
+    for src in (runner_src, data_dir("firmware") / "common"):
+        for p in sorted(src.rglob("*")):
+            if p.is_file() and "__pycache__" not in p.parts:
+                rel = p.relative_to(src)
+                (out / rel).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(p, out / rel)
+                runner_files.append(rel.as_posix())
+
+    tol = tgt.tolerances[precision]
+    budgets = brd.budgets
+    manifest: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "name": bundle_name(m.source, tgt.name, precision),
+        "edgekit_version": __version__,
+        "created_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": {"platform": platform.platform(), "python": platform.python_version()},
+        "target": tgt.name,
+        "format": artifact.format,
+        "precision": precision,
+        "board": {"id": brd.id, "description": brd.description, "default_power_mode": brd.default_power_mode,
+                  "profile": brd.model_dump(mode="json")},
+        "source_model": {"path": m.source, "kind": m.kind, "sha256": m.sha256},
+        "inputs": [s.to_json() for s in m.inputs],
+        "outputs": [s.to_json() for s in m.outputs],
+        "calibration": None if calib_ds is None else {
+            "source": calib_ds.source, "random": calib_ds.random, "samples": len(calib_ds),
+            "sha256": None if calib_ds.random else sha256_file(Path(calib_ds.source)),
+            "used_for": "int8 ranges" if precision == "int8" else "golden inputs only",
+        },
+        "artifact": {"primary": artifact.primary, "format": artifact.format, **artifact.meta},
+        "toolchain": {"edgekit": __version__, **versions},
+        "budgets": {"latency_ms": budgets.latency_ms, "power_w": budgets.power_w,
+                    "ram_mb": round(budgets.model_ram_share * brd.ram_mb, 1),
+                    "storage_mb": budgets.storage_mb, "energy_mj": budgets.energy_mj},
+        "golden": {"file": GOLDEN_FILE, "samples": int(next(iter(golden_in.values())).shape[0]),
+                   "source": verification.golden_source, "inputs": g_inputs, "outputs": g_outputs},
+        "tolerance": tol.model_dump(),
+        "analysis": {k: v for k, v in stats.to_json().items() if k != "layers"},
+        "verification": verification.to_json(),
+        "runner": {"entry": "run.py", "files": sorted(runner_files)},
+        "timings_s": {k: round(v, 3) for k, v in times.items()},
+        "plan": plan,  # cost-model estimate of this build (edgekit.planner); read back to recalibrate
+        "warnings": warnings,
+        "notes": artifact.notes + verification.notes,
+    }
+    (out / "report.md").write_text(render_report(manifest, stats))
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    manifest["files"] = {
+        p.relative_to(out).as_posix(): {"sha256": sha256_file(p), "bytes": p.stat().st_size} for p in files
+    }
+    record = Manifest.model_validate(manifest)  # the one schema, checked on the writing side too
+    manifest = record.to_json()
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+    return manifest
+
+
+
+
+def bundle_name(source: str, target: str, precision: str) -> str:
+    """``<model>-<target>-<precision>`` as one plain folder name (the bundle's folder on the board)."""
+    stem = source.split(":")[-1] if ":" in source and not Path(source).exists() else Path(source).stem
+    clean = re.sub(r"[^A-Za-z0-9._+-]+", "_", stem).strip("._-+") or "model"
+    return f"{clean[:80]}-{target}-{precision}"
