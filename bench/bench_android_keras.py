@@ -39,9 +39,9 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out or tempfile.mkdtemp(prefix="edgekit-bench-keras-"))
     t0 = time.perf_counter()
-    from edgekit.ingest import _tf
+    from edgekit.tf_graph import import_tensorflow
 
-    _tf()
+    import_tensorflow()
     print(f"import tensorflow: {time.perf_counter() - t0:.1f} s")
     paths = train(out / "data", args.epochs)
     from edgekit.pipeline import convert

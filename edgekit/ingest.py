@@ -25,7 +25,8 @@ import numpy as np
 from edgekit.deps import require
 from edgekit.errors import InputSpecError, ModelLoadError
 from edgekit.fsutil import sha256_file
-from edgekit.quiet import capture_fd2, first_line, quiet_loggers
+from edgekit.quiet import first_line, quiet_loggers
+from edgekit.tf_graph import TF_EXTRA, import_tensorflow, tf_arg_name
 
 FACTORY_RE = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
 
@@ -73,7 +74,7 @@ class Model:
     def reference(self) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
         """The float model as a function of named numpy inputs (one batch)."""
         if self.is_tf:
-            tf = _tf()
+            tf = import_tensorflow()
             fn = self.tf_function
 
             def run_tf(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
@@ -435,21 +436,6 @@ def _load_onnx(path: Path, shapes) -> Model:
 
 # ---------------------------------------------------------------- Keras / TensorFlow SavedModel
 
-TF_EXTRA = "keras"
-
-
-def _tf() -> Any:
-    """TensorFlow, imported on first use (``edgekit[keras]``); its C++ INFO/WARNING logs kept quiet."""
-    import os
-
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    if sys.modules.get("tensorflow") is not None:
-        return sys.modules["tensorflow"]
-    with capture_fd2(replay_on_error=True):  # absl prints oneDNN / InitializeLog lines at import, whatever
-        return require("tensorflow", TF_EXTRA)  # TF_CPP_MIN_LOG_LEVEL says
-
-
-
 
 
 def _load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
@@ -458,7 +444,7 @@ def _load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
             f"{path}: not a Keras archive (a .keras file is a zip; this one is truncated or another format); "
             "re-save it with model.save('model.keras')"
         )
-    _tf()
+    import_tensorflow()
     keras = require("keras", TF_EXTRA)
     digest = sha256_file(path)
     try:
@@ -511,7 +497,7 @@ def _load_saved_model(path: Path, shapes, trust_pickle: bool = False) -> Model:
     from edgekit.fsutil import sha256_tree
     from edgekit.safety import check_saved_model
 
-    tf = _tf()
+    tf = import_tensorflow()
     check_saved_model(path, str(path), trust_pickle)  # a graph that touches files or calls Python: trusted only
     digest = sha256_tree(path)
     try:
@@ -571,8 +557,8 @@ def _tf_inputs(source: str, found: list[tuple[str, tuple, str]], shapes) -> list
 def _finish_tf(model: Model, call: Callable[..., Any], out_names: list[str] | None) -> Model:
     """Trace the model at the fixed input shapes into one ConcreteFunction (the float reference and
     what TFLiteConverter converts), run it once on zeros, and fix the output spec."""
-    tf = _tf()
-    sig = [tf.TensorSpec(s.shape, s.dtype, name=_tf_arg_name(s.name, i)) for i, s in enumerate(model.inputs)]
+    tf = import_tensorflow()
+    sig = [tf.TensorSpec(s.shape, s.dtype, name=tf_arg_name(s.name, i)) for i, s in enumerate(model.inputs)]
 
     def flat(*xs):
         return tuple(tf.nest.flatten(call(*xs)))
@@ -590,11 +576,6 @@ def _finish_tf(model: Model, call: Callable[..., Any], out_names: list[str] | No
 
 def _clean_name(name: str | None, i: int) -> str:
     return name if name else f"input_{i}"
-
-
-def _tf_arg_name(name: str, i: int) -> str:
-    clean = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
-    return clean if clean and clean[0].isalnum() else f"input_{i}"
 
 
 def _does_not_run(model: Model, exc: BaseException, fix: str) -> InputSpecError:

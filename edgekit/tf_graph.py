@@ -5,6 +5,7 @@ converter writes every precision with it; so it lives here, beside ``onnx_graph.
 from __future__ import annotations
 
 import io
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,14 +14,26 @@ from edgekit.errors import ConversionError, InputSpecError
 from edgekit.quiet import capture_fd2, quiet_python
 from edgekit.tflite_graph import TFLiteGraph, text
 
+TF_EXTRA = "keras"
+
+
+def import_tensorflow() -> Any:
+    """TensorFlow, imported on first use (``edgekit[keras]``); its C++ INFO/WARNING logs kept quiet."""
+    import os
+    import sys
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if sys.modules.get("tensorflow") is not None:
+        return sys.modules["tensorflow"]
+    with capture_fd2(replay_on_error=True):  # absl prints oneDNN / InitializeLog lines at import, whatever
+        return require("tensorflow", TF_EXTRA)  # TF_CPP_MIN_LOG_LEVEL says
+
 
 def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_dir: Path | None = None,
                allow_float_fallback: bool = False, log=lambda m: None) -> dict[str, Any]:
     """Write ``dest`` from a Keras / SavedModel Model with ``tf.lite.TFLiteConverter``; returns the
     quantization record for the manifest. Also used by the analyze stage (fp32)."""
-    from edgekit.ingest import TF_EXTRA, _tf
-
-    tf = _tf()
+    tf = import_tensorflow()
     if work_dir is None:
         raise ValueError("tf_convert needs a work_dir")  # a bug, not a user error
     conv, as_feed = tf_converter(tf, model, Path(work_dir))
@@ -71,7 +84,7 @@ def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_d
         raise ConversionError(explain_tf_failure(exc, model.source, precision, allow_float_fallback,
                                                   captured.getvalue())) from None
     Path(dest).write_bytes(data)
-    order_io(Path(dest), [sig_name(s.name, i) for i, s in enumerate(model.inputs)], len(model.outputs))
+    order_io(Path(dest), [tf_arg_name(s.name, i) for i, s in enumerate(model.inputs)], len(model.outputs))
     if precision == "int8-dynamic":
         kept = float_weights(Path(dest))
         info["float_weights"] = kept  # weight tensors TensorFlow left float (too small to quantize)
@@ -89,10 +102,10 @@ def float_weights(path: Path) -> list[str]:
             and g.type_name(ins[1]) == "FLOAT32" and g.is_const(ins[1])]
 
 
-def sig_name(name: str, i: int) -> str:
-    from edgekit.ingest import _tf_arg_name
-
-    return _tf_arg_name(name, i)
+def tf_arg_name(name: str, i: int) -> str:
+    """A model input's name as a TensorFlow argument / signature key (TFLite orders signature inputs by it)."""
+    clean = re.sub(r"[^A-Za-z0-9_.\-/]", "_", name)
+    return clean if clean and clean[0].isalnum() else f"input_{i}"
 
 
 def tf_converter(tf: Any, model: Any, work_dir: Path):
@@ -109,7 +122,7 @@ def tf_converter(tf: Any, model: Any, work_dir: Path):
         export = work_dir / "keras_export"
         if not (export / "saved_model.pb").is_file():
             km = model.tf_model
-            sig = [tf.TensorSpec(s.shape, s.dtype, name=sig_name(s.name, i)) for i, s in enumerate(model.inputs)]
+            sig = [tf.TensorSpec(s.shape, s.dtype, name=tf_arg_name(s.name, i)) for i, s in enumerate(model.inputs)]
             archive = keras.export.ExportArchive()
             archive.track(km)
 
@@ -123,7 +136,7 @@ def tf_converter(tf: Any, model: Any, work_dir: Path):
     else:
         conv = tf.lite.TFLiteConverter.from_concrete_functions([model.tf_function], model.tf_model)
     # samples keyed by signature input name: TFLite orders a signature's inputs by name, not as the model does
-    keys = [sig_name(n, i) for i, n in enumerate(names)]
+    keys = [tf_arg_name(n, i) for i, n in enumerate(names)]
     return conv, lambda feed: {k: feed[n] for k, n in zip(keys, names, strict=True)}
 
 
