@@ -22,7 +22,7 @@ from pathlib import Path
 
 def train(out: Path, epochs: int) -> dict[str, Path]:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
     from keras_digits import train_and_save
 
     t0 = time.perf_counter()

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # plan_nets: the MobileNetV2-shaped network
+sys.path.insert(0, str(ROOT / "tests" / "support"))  # plan_nets: the MobileNetV2-shaped network
 
 
 def mobilenetv2_w05():

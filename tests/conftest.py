@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits"
+# test helpers (model builders, fake servers, the hostile corpus) live in tests/support/
+sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 
 
 @pytest.fixture(scope="session")

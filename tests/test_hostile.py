@@ -1,4 +1,4 @@
-"""Every case of the hostile-input corpus (tests/hostile.py) through the real CLI.
+"""Every case of the hostile-input corpus (tests/support/hostile.py) through the real CLI.
 
 Per case: the exit code, one error line matching the case's pattern and no traceback, no payload
 run (no marker file), the victim folder beside the case unchanged byte for byte, and nothing left

@@ -17,7 +17,7 @@ from edgekit.costmodel import FUSED_OPS, Candidate, calibrated, estimate
 from edgekit.planner import Budgets, PlanError, candidates, choose
 from edgekit.profiles import list_boards, load_board, load_target
 
-sys.path.insert(0, str(Path(__file__).parent))  # plan_nets:mobilenetv2
+sys.path.insert(0, str(Path(__file__).parent / "support"))  # plan_nets:mobilenetv2
 
 
 @pytest.fixture(scope="module")

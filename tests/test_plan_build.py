@@ -17,7 +17,7 @@ from edgekit.planner import Budgets, PlanError, choose, weight_layer_names
 from edgekit.refine import refine
 from edgekit.profiles import load_board
 
-sys.path.insert(0, str(Path(__file__).parent))  # plan_nets:digits
+sys.path.insert(0, str(Path(__file__).parent / "support"))  # plan_nets:digits
 
 
 def test_eval_keeps_sensitive_layers_float(digits, tmp_path):

@@ -15,7 +15,7 @@ from edgekit.costmodel import Candidate, estimate
 from edgekit.planner import choose
 from edgekit.profiles import load_board, load_target
 
-sys.path.insert(0, str(Path(__file__).parent))  # plan_nets
+sys.path.insert(0, str(Path(__file__).parent / "support"))  # plan_nets
 
 
 @pytest.fixture(scope="module")

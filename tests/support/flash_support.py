@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits"
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 

@@ -58,7 +58,7 @@ def digits():
     import importlib.util
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "examples" / "digits"
+    root = Path(__file__).resolve().parents[2] / "examples" / "digits"
     spec = importlib.util.spec_from_file_location("digits_train", root / "train.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

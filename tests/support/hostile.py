@@ -12,7 +12,7 @@ Placeholders in ``argv``: ``{S}`` the scratch folder, ``{V}`` the victim folder,
 payload marker path, ``{G}`` the good digits build, ``{B}`` the good digits bundle,
 ``{MODEL}``, ``{CALIB}``, ``{EVAL}`` the digits example.
 
-Run ``python tests/hostile.py OUT`` to write every case's files into OUT for a look.
+Run ``python tests/support/hostile.py OUT`` to write every case's files into OUT for a look.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DIGITS = ROOT / "examples" / "digits"
 MODEL = DIGITS / "digits_cnn.pt2"
 PREFIX = "digits_cnn/"
