@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from edgekit.analyze import ModelStats
+if TYPE_CHECKING:  # pragma: no cover
+    from edgekit.analyze import ModelStats
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.3f} MB"
+def fmt_size(n: float) -> str:
+    """Bytes as MB (GB from 1e9 up): the one size format of reports and the CLI."""
+    return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
 def render_report(man: dict[str, Any], stats: ModelStats) -> str:
@@ -44,9 +46,9 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         "## Model",
         "",
         f"- parameters: {a['params']:,} ({a['weight_params']:,} in conv/linear weights), MACs: {a['macs']:,}",
-        "- weight bytes: " + ", ".join(f"{k} {_mb(b)}" for k, b in a["weight_bytes"].items()),
-        f"- peak live activations: {_mb(a['peak_activation_bytes'])} (sum of all activations {_mb(a['total_activation_bytes'])})",
-        f"- artifact: `{man['artifact']['primary']}` {_mb(man['files'][man['artifact']['primary']]['bytes']) if 'files' in man else ''}",
+        "- weight bytes: " + ", ".join(f"{k} {fmt_size(b)}" for k, b in a["weight_bytes"].items()),
+        f"- peak live activations: {fmt_size(a['peak_activation_bytes'])} (sum of all activations {fmt_size(a['total_activation_bytes'])})",
+        f"- artifact: `{man['artifact']['primary']}` {fmt_size(man['files'][man['artifact']['primary']]['bytes']) if 'files' in man else ''}",
         "",
         "## Board budgets",
         "",

@@ -7,6 +7,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from edgekit.report_md import fmt_size as mb  # noqa: F401 - the one size format, for the command modules
+
 app = typer.Typer(
     name="edgekit",
     help="Ship a trained model to an edge board: convert, verify, bundle, flash, smoke-test.",
@@ -26,6 +28,3 @@ ShapeOpt = Annotated[
     typer.Option("--input-shape", help="input shape, e.g. 1,3,224,224 or name:1,3,224,224 (repeat per input)"),
 ]
 
-
-def mb(n: float) -> str:
-    return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
