@@ -31,12 +31,44 @@ class Dataset:
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
 
+    def subset(self, indices: np.ndarray) -> Dataset:
+        """The samples at ``indices`` (rows of every input, and of the labels)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return Dataset(self.source, {k: v[idx] for k, v in self.inputs.items()},
+                       None if self.labels is None else self.labels[idx], self.random)
+
     def batches(self, model: Model, limit: int | None = None):
         """Yield feeds shaped like the model's inputs (batch = model batch size)."""
         bs = model.inputs[0].shape[0] if model.inputs[0].shape else 1
         n = len(self) if limit is None else min(limit, len(self))
         for i in range(0, n - n % bs, bs):
             yield {s.name: self.inputs[s.name][i : i + bs] for s in model.inputs}
+
+
+def draw(n_total: int, n: int, labels: np.ndarray | None, seed: int = 0) -> np.ndarray:
+    """``n`` sample indices drawn across the whole file (never the first N), seeded; stratified by label when
+    there are labels: every class gets its share (at least one sample each when ``n`` allows), so a class the
+    converted model gets wrong shows in the golden set. Sorted."""
+    rng = np.random.default_rng(seed)
+    n = min(n, n_total)
+    if labels is None or n >= n_total:
+        return np.sort(rng.choice(n_total, size=n, replace=False))
+    classes, counts = np.unique(labels, return_counts=True)
+    share = np.maximum(1, np.floor(n * counts / counts.sum())).astype(int) if n >= len(classes) else \
+        np.zeros(len(classes), dtype=int)
+    if n < len(classes):  # fewer samples than classes: one each from n random classes
+        share[rng.choice(len(classes), size=n, replace=False)] = 1
+    share = np.minimum(share, counts)
+    while share.sum() > n:  # rounding up to one per class overshot: trim the largest shares
+        share[np.argmax(share)] -= 1
+    rest = n - share.sum()
+    while rest > 0:  # hand out what rounding down left, largest classes first, where samples remain
+        room = counts - share
+        k = int(np.argmax(room * (counts / counts.sum())))
+        share[k] += 1
+        rest -= 1
+    picked = [rng.choice(np.flatnonzero(labels == c), size=s, replace=False) for c, s in zip(classes, share) if s]
+    return np.sort(np.concatenate(picked)) if picked else np.zeros(0, dtype=np.int64)
 
 
 MAX_DATA_MB_ENV = "EDGEKIT_MAX_DATA_MB"

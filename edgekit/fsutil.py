@@ -51,6 +51,14 @@ def size_limit(max_mb: float | None, env: str, default_mb: float, flag: str, err
     return int(max_mb * unit)
 
 
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """The two paths name one file (False when either is missing)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

@@ -50,6 +50,7 @@ class Golden(_Record):
     source: str
     inputs: list[GoldenTensor]
     outputs: list[GoldenTensor]
+    selection: dict[str, Any] | None = None  # seed, source, stratified, indices, held_out_of_calibration
 
 
 class HostInfo(_Record):

@@ -77,7 +77,7 @@ def convert(
     trust_pickle: bool = False,
     board_set: list[str] | None = None,
     opset: int | None = None,
-    golden_count: int = 16,
+    golden_count: int = stages.GOLDEN_DEFAULT,
     options: dict[str, Any] | None = None,
     log: Callable[[str], None] = lambda m: None,
     warn: Callable[[str], None] = lambda m: None,
@@ -96,7 +96,8 @@ def convert(
 
     # every option is checked before any work
     if isinstance(golden_count, bool) or not isinstance(golden_count, int) or golden_count < 1:
-        raise InputSpecError(f"--golden {golden_count}: give the number of golden samples, at least 1 (default 16)")
+        raise InputSpecError(f"--golden {golden_count}: give the number of golden samples, at least 1 "
+                             f"(default {stages.GOLDEN_DEFAULT})")
     if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
         raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
                              "or leave it out for the target's default")
@@ -146,7 +147,7 @@ def convert(
             with clock.stage("write"):
                 versions = conv.versions() if hasattr(conv, "versions") else {}
                 manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, comp.calib,
-                                        an.stats, versions, warnings, clock.times, planned.section)
+                                        an.stats, versions, warnings, clock.times, planned.section, comp.record)
         verification = checked.verification
         result = ConvertResult(Path(out).resolve(), manifest, verification, an.stats, clock.times, warnings,
                                artifact.notes)

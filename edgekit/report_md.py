@@ -13,6 +13,15 @@ def fmt_size(n: float) -> str:
     return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
+def _selection(sel: dict[str, Any] | None) -> str:
+    if not sel:
+        return ""
+    how = "stratified by label" if sel.get("stratified") else "uniformly"
+    held = sel.get("held_out_of_calibration") or 0
+    return (f" (drawn across the file {how}, seed {sel.get('seed')}"
+            + (f"; {held} samples held out of calibration" if held else "") + ")")
+
+
 def render_report(man: dict[str, Any], stats: ModelStats) -> str:
     v = man["verification"]
     lines = [
@@ -21,7 +30,8 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         f"- source: `{man['source_model']['path']}` ({man['source_model']['kind']}, sha256 {man['source_model']['sha256'][:12]}…)",
         f"- target: **{man['target']}** ({man['format']}), precision **{man['precision']}**",
         f"- board: **{man['board']['id']}** — {man['board']['description']}",
-        f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`",
+        f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`"
+        + _selection(man["golden"].get("selection")),
         "",
         "## Host verification (artifact vs float model)",
         "",

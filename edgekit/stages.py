@@ -31,7 +31,7 @@ import numpy as np
 from edgekit import __version__
 from edgekit.analyze import ModelStats, analyze_model
 from edgekit.converters import Artifact, ConvertJob, Runner, converter_info, flag_option
-from edgekit.data import Dataset, load_npz, random_dataset
+from edgekit.data import Dataset, draw, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
 from edgekit.fsutil import data_dir, sha256_file
 from edgekit.ingest import Model, check_target_takes, load_model
@@ -42,6 +42,8 @@ from edgekit.report_md import render_report
 from edgekit.verify import Verification, verify as verify_outputs
 
 GOLDEN_FILE = "golden.npz"
+GOLDEN_SEED = 0
+GOLDEN_DEFAULT = 64  # enough that one class the build gets wrong shows (64 of 10 classes: at least 1 each)
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,10 @@ class Planned:
 
 @dataclass
 class Compression:
-    calib: Dataset | None  # checked calibration data (int8), or None
-    golden: Dataset  # where the golden samples come from: --eval, else --calib, else random inputs
+    calib: Dataset | None  # checked calibration data (int8), or None; golden/eval samples held out of it
+    golden: Dataset  # the golden samples, drawn across --eval, else --calib, else random inputs
+    eval: Dataset | None  # the eval samples (all of --eval; the held-out part when it is the --calib file)
+    record: dict[str, Any]  # how the golden samples were drawn: the manifest's golden.selection
 
 
 @dataclass
@@ -184,8 +188,36 @@ def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[
         check_calibration(planned.precision, calib_ds is not None)
         if calib_ds is not None and calib_ds.random:
             warn("--calib random: INT8 ranges come from random inputs; accuracy on real data is unknown")
-    golden = ing.eval or calib_ds or random_dataset(ing.model, n=golden_count)
-    return Compression(calib_ds, golden)
+    eval_ds = ing.eval
+    src = eval_ds or calib_ds or random_dataset(ing.model, n=golden_count)
+    idx = draw(len(src), golden_count, src.labels, seed=GOLDEN_SEED)
+    record: dict[str, Any] = {"seed": GOLDEN_SEED, "from": "eval" if eval_ds else ("calib" if calib_ds else "random"),
+                              "stratified": src.labels is not None, "indices": [int(i) for i in idx],
+                              "held_out_of_calibration": 0}
+    if calib_ds is not None and not calib_ds.random and _same_file(calib_ds, eval_ds if eval_ds else calib_ds):
+        # one file for calibration and checking: the checked samples never calibrate
+        held = idx
+        if eval_ds is not None:  # --eval is the --calib file: a quarter of it (at least the golden set) is held out
+            held = np.union1d(idx, draw(len(src), max(len(idx), len(src) // 4), src.labels, seed=GOLDEN_SEED + 1))
+            eval_ds = src.subset(held)
+            idx = np.searchsorted(held, idx)
+            record["indices_in"] = "the held-out eval samples"
+        rest = np.setdiff1d(np.arange(len(calib_ds)), held)
+        bs = ing.model.inputs[0].shape[0] if ing.model.inputs[0].shape else 1
+        if len(rest) >= bs:
+            calib_ds = calib_ds.subset(rest)
+            record["held_out_of_calibration"] = int(len(held))
+        else:
+            warn(f"{calib_ds.source} has only {len(calib_ds)} samples: the golden samples also calibrate; "
+                 "give more data, or a separate --eval file")
+    golden = (eval_ds if eval_ds is not None and "indices_in" in record else src).subset(idx)
+    return Compression(calib_ds, golden, eval_ds, record)
+
+
+def _same_file(a: Dataset, b: Dataset) -> bool:
+    from edgekit.fsutil import same_file
+
+    return a is b or same_file(a.source, b.source)
 
 
 def convert(job: ConvertJob, converter: Any) -> Artifact:
@@ -196,14 +228,15 @@ def convert(job: ConvertJob, converter: Any) -> Artifact:
 def verify(ing: Ingested, runner: Runner, comp: Compression, golden_count: int, tol: Tolerance, runtime: str,
            precision: str) -> Checked:
     """verify: the artifact in the host runtime against the float model, on golden (and eval) data."""
-    v, gin, gout = verify_outputs(ing.model, ing.model.reference(), runner, comp.golden, golden_count, tol, runtime,
-                                  precision, ing.eval)
+    v, gin, gout = verify_outputs(ing.model, ing.model.reference(), runner, comp.golden, len(comp.golden), tol,
+                                  runtime, precision, comp.eval)
     return Checked(v, gin, gout)
 
 
 def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,
           calib_ds: Dataset | None, stats: ModelStats, versions: dict[str, Any], warnings: list[str],
-          times: dict[str, float], plan: dict[str, Any] | None = None) -> dict[str, Any]:
+          times: dict[str, float], plan: dict[str, Any] | None = None,
+          selection: dict[str, Any] | None = None) -> dict[str, Any]:
     """write: golden.npz, the device runner, report.md and manifest.json into the (temporary) output folder."""
     verification, golden_in, golden_out = checked.verification, checked.golden_inputs, checked.golden_outputs
     arrays: dict[str, np.ndarray] = {}
@@ -256,7 +289,8 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
                     "ram_mb": round(budgets.model_ram_share * brd.ram_mb, 1),
                     "storage_mb": budgets.storage_mb, "energy_mj": budgets.energy_mj},
         "golden": {"file": GOLDEN_FILE, "samples": int(next(iter(golden_in.values())).shape[0]),
-                   "source": verification.golden_source, "inputs": g_inputs, "outputs": g_outputs},
+                   "source": verification.golden_source, "inputs": g_inputs, "outputs": g_outputs,
+                   "selection": selection},
         "tolerance": tol.model_dump(),
         "analysis": {k: v for k, v in stats.to_json().items() if k != "layers"},
         "verification": verification.to_json(),

@@ -41,3 +41,33 @@ def test_written_manifest_is_the_model(tmp_path):
     man = Manifest.model_validate(raw)
     assert man.schema_version == 2 and man.verification_passed and man.runner.entry in man.files
     assert man.to_json() == raw
+
+
+def test_golden_samples_represent_the_data_and_never_calibrate(tmp_path):
+    """Golden samples are drawn across the file (stratified by label), recorded in the manifest, and held out
+    of calibration when both come from one file; an eval file that is the calibration file is split."""
+    import numpy as np
+
+    from edgekit.pipeline import convert
+
+    root = __import__("pathlib").Path(__file__).resolve().parents[1] / "examples" / "digits"
+    with np.load(root / "eval.npz") as z:
+        x, y = z["image"] if "image" in z.files else z[z.files[0]], z["label"]
+    order = np.argsort(y, kind="stable")  # sorted by class: the first 64 samples are all class 0..1
+    both = tmp_path / "sorted.npz"
+    np.savez(both, image=x[order], label=y[order])
+    res = convert(root / "digits_cnn.pt2", "jetson", tmp_path / "b", board="host", precision="int8",
+                  calib=str(both), eval_data=str(both))
+    g = res.manifest["golden"]
+    sel = g["selection"]
+    assert g["samples"] == 64 and sel["stratified"] and sel["seed"] == 0
+    with np.load(res.out_dir / "golden.npz") as z:
+        golden_x = z["input_0"]
+    sorted_y = y[order]
+    # every class is in the golden set, although the file's first 64 samples hold two classes only
+    held = np.sort(np.concatenate([np.flatnonzero((x[order] == gx).all(axis=(1, 2, 3)))[:1] for gx in golden_x]))
+    assert len(set(sorted_y[held])) == 10 and len(set(sorted_y[:64])) <= 2
+    # one file for calibration and eval: the held-out eval samples never calibrate
+    assert sel["held_out_of_calibration"] >= len(y) // 4
+    assert res.manifest["calibration"]["samples"] == len(y) - sel["held_out_of_calibration"]
+    assert res.verification.eval_samples == sel["held_out_of_calibration"]

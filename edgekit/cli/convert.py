@@ -25,7 +25,7 @@ def convert(
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle", help="allow torch.load of a pickled module (runs code from the file)")] = False,
     board_set: SetOpt = None,
     opset: Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: the target's)")] = None,
-    golden: Annotated[int, typer.Option("--golden", help="number of golden samples")] = 16,
+    golden: Annotated[int, typer.Option("--golden", help="golden samples, drawn across the data (stratified by label)")] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="print the manifest as JSON")] = False,
     option: Annotated[list[str] | None, typer.Option("--option", help="converter option key=value, e.g. layout=nhwc, allow_float_fallback=true (android)")] = None,
     max_data_mb: Annotated[float | None, typer.Option("--max-data-mb", help="largest --calib/--eval arrays to load, MB (default 1024; env EDGEKIT_MAX_DATA_MB)")] = None,
