@@ -142,7 +142,7 @@ def convert(
             with clock.stage("convert"):
                 artifact = stages.convert(job, conv)
             with clock.stage("verify"):
-                checked = stages.verify(ing, conv.host_runner(job, artifact), comp, golden_count,
+                checked = stages.verify(ing, lambda: conv.host_runner(job, artifact), comp,
                                         tgt.tolerances[planned.precision], artifact.runtime, planned.precision)
             with clock.stage("write"):
                 versions = conv.versions() if hasattr(conv, "versions") else {}

@@ -13,6 +13,11 @@ def fmt_size(n: float) -> str:
     return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
+def _ci(ci: Any) -> str:
+    """", 95% CI 93.1–99.6%" from a Wilson interval; empty when there is none."""
+    return f", 95% CI {ci[0]:.1%}–{ci[1]:.1%}" if ci else ""
+
+
 def _selection(sel: dict[str, Any] | None) -> str:
     if not sel:
         return ""
@@ -39,15 +44,18 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         "|---|---|---|---|---|---|",
     ]
     for o in v["outputs"]:
-        agree = "—" if o["top1_agreement"] is None else f"{o['top1_agreement']:.1%} (≥ {o['min_top1_agreement']:.0%})"
+        agree = "—" if o["top1_agreement"] is None else (
+            f"{o['top1_agreement']:.1%} (≥ {o['min_top1_agreement']:.0%}){_ci(o.get('top1_agreement_ci95'))}")
         lines.append(
             f"| {o['name']} | {o['max_abs_error']:.4g} | {o['max_rel_error']:.3%} | {o['tolerance_rel']:.2%} | {agree} | {'pass' if o['passed'] else 'FAIL'} |"
         )
     if v["float_accuracy"] is not None:
         drop = 100 * (v["float_accuracy"] - v["converted_accuracy"])
-        lines += ["", f"Accuracy on {v['eval_samples']} eval samples: float **{v['float_accuracy']:.2%}**, "
-                  f"{man['precision']} **{v['converted_accuracy']:.2%}** (drop {drop:.2f} points, "
-                  f"tolerance {v['max_accuracy_drop_points']})."]
+        lines += ["", f"Accuracy on {v['eval_samples']} eval samples: float **{v['float_accuracy']:.2%}**"
+                  f"{_ci(v.get('float_accuracy_ci95'))}, {man['precision']} **{v['converted_accuracy']:.2%}**"
+                  f"{_ci(v.get('converted_accuracy_ci95'))} (drop {drop:.2f} points, "
+                  f"tolerance {v['max_accuracy_drop_points']}). The 95% intervals (Wilson) say what "
+                  f"{v['eval_samples']} samples can tell."]
     if v["failures"]:
         lines += ["", "### Failures", ""] + [f"- {f}" for f in v["failures"]]
     a = man["analysis"]

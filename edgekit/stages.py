@@ -225,11 +225,27 @@ def convert(job: ConvertJob, converter: Any) -> Artifact:
     return converter.convert(job)
 
 
-def verify(ing: Ingested, runner: Runner, comp: Compression, golden_count: int, tol: Tolerance, runtime: str,
+def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, tol: Tolerance, runtime: str,
            precision: str) -> Checked:
-    """verify: the artifact in the host runtime against the float model, on golden (and eval) data."""
-    v, gin, gout = verify_outputs(ing.model, ing.model.reference(), runner, comp.golden, len(comp.golden), tol,
-                                  runtime, precision, comp.eval)
+    """verify: first load the artifact in the host runtime and run it once (a failure there is the build's
+    failure, named with the runtime's own message: the build is kept and marked failed); then compare it with
+    the float model on golden (and eval) data."""
+    m = ing.model
+    feeds = list(comp.golden.batches(m, len(comp.golden)))
+    try:
+        runner = make_runner()
+        runner(feeds[0])
+    except Exception as exc:  # noqa: BLE001 - every runtime raises its own types for an artifact it cannot load
+        from edgekit.quiet import first_line
+        from edgekit.verify import run_all
+
+        ref = run_all(m.reference(), feeds)
+        gin = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+        v = Verification(runtime, precision, len(ref[0]), comp.golden.source, [], failures=[
+            f"the artifact does not load or run in {runtime} ({type(exc).__name__}: {first_line(exc, 300)})"])
+        return Checked(v, gin, ref)
+    v, gin, gout = verify_outputs(m, m.reference(), runner, comp.golden, len(comp.golden), tol, runtime, precision,
+                                  comp.eval)
     return Checked(v, gin, gout)
 
 

@@ -29,6 +29,7 @@ class OutputCheck:
     top1_agreement: float | None
     min_top1_agreement: float | None
     passed: bool
+    top1_agreement_ci95: tuple[float, float] | None = None  # Wilson interval over the golden samples
 
 
 @dataclass
@@ -42,6 +43,8 @@ class Verification:
     converted_accuracy: float | None = None
     eval_samples: int | None = None
     max_accuracy_drop_points: float | None = None
+    float_accuracy_ci95: tuple[float, float] | None = None  # Wilson intervals: what n samples can tell
+    converted_accuracy_ci95: tuple[float, float] | None = None
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
@@ -55,6 +58,15 @@ class Verification:
         d = asdict(self)
         d["passed"] = self.passed
         return d
+
+
+def wilson(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson score interval of a proportion measured on ``n`` samples (sound at 0% and 100% too)."""
+    if n <= 0:
+        return (0.0, 1.0)
+    centre = (share + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (float(max(0.0, centre - half)), float(min(1.0, centre + half)))
 
 
 def is_classifier(arr: np.ndarray) -> bool:
@@ -111,7 +123,8 @@ def verify(
         agree_ok = agree is None or bool(agree >= tol.min_top1_agreement)
         checks.append(
             OutputCheck(name, err, scale, rel, tol.max_rel_error, agree,
-                        tol.min_top1_agreement if agree is not None else None, rel_ok and agree_ok)
+                        tol.min_top1_agreement if agree is not None else None, rel_ok and agree_ok,
+                        None if agree is None else wilson(agree, len(r)))
         )
         if nonfinite:
             failures.append(
@@ -139,6 +152,8 @@ def verify(
         v.float_accuracy = top1_accuracy(run_all(reference, efeeds)[0], labels)
         v.converted_accuracy = top1_accuracy(run_all(artifact, efeeds)[0], labels)
         v.eval_samples = n
+        v.float_accuracy_ci95 = wilson(v.float_accuracy, n)
+        v.converted_accuracy_ci95 = wilson(v.converted_accuracy, n)
         v.max_accuracy_drop_points = tol.max_accuracy_drop_points
         drop = 100 * (v.float_accuracy - v.converted_accuracy)
         if not drop <= tol.max_accuracy_drop_points:  # NaN fails too

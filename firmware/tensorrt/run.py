@@ -120,7 +120,17 @@ class OnnxRuntimeModel(object):
         # saturating path (TensorRT and ARM kernels accumulate in int32 and never had it).
         opts.add_session_config_entry("session.x64quantprecision", "1")
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-        self.sess = ort.InferenceSession(onnx_path, opts, providers=providers)
+        self.options = ["session.x64quantprecision=1"]
+        try:
+            self.sess = ort.InferenceSession(onnx_path, opts, providers=providers)
+        except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own Fail/InvalidGraph types
+            # onnxruntime 1.32: some Q/DQ graphs fail to load ("AddInitializedOrtValue: Attempt to replace the
+            # existing tensor") only when precision mode meets ORT_ENABLE_ALL; they load with BASIC optimization
+            if "AddInitializedOrtValue" not in str(exc) and "replace the existing tensor" not in str(exc):
+                raise
+            opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+            self.sess = ort.InferenceSession(onnx_path, opts, providers=providers)
+            self.options.append("graph_optimization_level=ORT_ENABLE_BASIC (retried: %s)" % str(exc).strip()[:80])
         self.output_names = [o.name for o in self.sess.get_outputs()]
         self.name = "onnxruntime %s (%s)" % (ort.__version__, self.sess.get_providers()[0])
 
