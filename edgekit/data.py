@@ -170,10 +170,12 @@ def _check_labels(what: str, labels: np.ndarray, model: Model) -> np.ndarray:
     if labels.size and labels.min() < 0:
         raise InputSpecError(f"{what}: 'label' holds negative values (min {labels.min()}); "
                              "expected class indices 0, 1, 2, ...")
-    out = model.outputs[0] if model.outputs else None
-    if out is not None and len(out.shape) == 2 and out.shape[1] > 1 and labels.size and labels.max() >= out.shape[1]:
-        raise InputSpecError(f"{what}: 'label' holds class {labels.max()}, but output {out.name!r} has "
-                             f"{out.shape[1]} classes (0..{out.shape[1] - 1}); check the labels or the model")
+    heads = [o for o in model.outputs if len(o.shape) == 2 and o.shape[1] > 1]
+    if heads and labels.size:
+        out = max(heads, key=lambda o: o.shape[1])
+        if labels.max() >= out.shape[1]:
+            raise InputSpecError(f"{what}: 'label' holds class {labels.max()}, but output {out.name!r} has "
+                                 f"{out.shape[1]} classes (0..{out.shape[1] - 1}); check the labels or the model")
     return labels
 
 

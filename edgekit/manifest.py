@@ -42,6 +42,7 @@ class GoldenTensor(_Record):
     key: str
     shape: list[int]
     dtype: str
+    kind: str | None = None  # outputs: class | regression | mask | index (how the board judges it too)
 
 
 class Golden(_Record):
@@ -115,7 +116,7 @@ class Manifest(_Record):
     toolchain: dict[str, Any]
     budgets: BudgetsRecord
     golden: Golden
-    tolerance: dict[str, float]
+    tolerance: dict[str, float | None]
     analysis: dict[str, Any]
     verification: dict[str, Any]
     runner: RunnerSpec = Field(default_factory=RunnerSpec)

@@ -85,6 +85,8 @@ def convert(
     analysis: tuple[ModelStats, Path] | None = None,
     max_data_mb: float | None = None,
     fail_on_verification: bool = True,
+    output_kinds: dict[str, str] | None = None,
+    eval_output: str | None = None,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out``.
 
@@ -129,7 +131,7 @@ def convert(
         with clock.stage("plan"):
             planned = stages.plan(ing, an, tgt, brd, precision, log)
         with clock.stage("compress"):
-            comp = stages.compress(ing, planned, golden_count, _warn)
+            comp = stages.compress(ing, planned, golden_count, _warn, output_kinds, eval_output)
         m = ing.model
         with atomic_dir(Path(out)) as out_tmp:
             job = ConvertJob(

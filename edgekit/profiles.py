@@ -169,8 +169,14 @@ class Board(_Strict):
 
 
 class Tolerance(_Strict):
+    """Per precision; each output is judged by its kind (firmware/common/edgekit_smoke.check_output)."""
+
     max_rel_error: float = Field(gt=0, description="max |converted - float| / max |float| over the golden set")
-    min_top1_agreement: float = Field(ge=0, le=1, description="for classifier outputs (2-D, >1 class)")
+    abs_floor: float = Field(default=0.0, ge=0, description="absolute error always allowed (tiny-range outputs)")
+    min_top1_agreement: float = Field(ge=0, le=1, description="class outputs: top-1 agreement with float")
+    min_snr_db: float | None = Field(default=None, description="regression outputs: SNR against float; None = reported only")
+    min_iou: float = Field(default=0.9, ge=0, le=1, description="mask outputs: IoU at threshold 0.5")
+    min_exact: float = Field(default=0.99, ge=0, le=1, description="index outputs: share of exact matches")
     max_accuracy_drop_points: float = Field(ge=0, le=100, description="with --eval: float minus converted accuracy")
 
 

@@ -39,7 +39,8 @@ from edgekit.manifest import SCHEMA_VERSION, Manifest
 from edgekit.planner import Plan, plan_section
 from edgekit.profiles import Board, Target, Tolerance
 from edgekit.report_md import render_report
-from edgekit.verify import Verification, verify as verify_outputs
+from edgekit.verify import Verification, infer_kinds, pick_eval_output
+from edgekit.verify import verify as verify_outputs
 
 GOLDEN_FILE = "golden.npz"
 GOLDEN_SEED = 0
@@ -105,6 +106,8 @@ class Compression:
     golden: Dataset  # the golden samples, drawn across --eval, else --calib, else random inputs
     eval: Dataset | None  # the eval samples (all of --eval; the held-out part when it is the --calib file)
     record: dict[str, Any]  # how the golden samples were drawn: the manifest's golden.selection
+    kinds: dict[str, str]  # output name -> class | regression | mask | index
+    eval_output: int | None  # the output --eval labels are scored on
 
 
 @dataclass
@@ -144,7 +147,8 @@ def ingest(model: str | Path | Model, target: Target, input_shape: list[str] | N
     m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
     calib_ds = random_dataset(m) if calib == "random" else (
         load_npz(calib, m, what="--calib", max_mb=max_data_mb) if calib else None)
-    eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval", max_mb=max_data_mb) if eval_data else None
+    # labels are optional: without them --eval measures agreement with the float model on every sample
+    eval_ds = load_npz(eval_data, m, what="--eval", max_mb=max_data_mb) if eval_data else None
     return Ingested(m, calib_ds, eval_ds)
 
 
@@ -153,17 +157,27 @@ def analyze(ing: Ingested, target: Target, work: Path, opset: int | None, option
     """analyze: per-layer stats and the float graph (torch -> ONNX, ONNX as given, Keras -> fp32 .tflite), and
     the op-support check against the target (refused here, or kept float where the converter allows it)."""
     stats, graph = given if given is not None else analyze_model(ing.model, work, target, opset)
-    if stats.unsupported:
-        listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
-        if flag_option(options, "allow_float_fallback"):
-            warn(f"{len(stats.unsupported)} op(s) outside target {target.name}'s list kept (allow_float_fallback): "
-                 + listed)
-        else:
-            fix = "replace them in the model or choose another target"
-            if converter_info(target.converter).float_fallback:  # such ops can stay float (audited after converting)
-                fix += ", or pass --option allow_float_fallback=true to keep them float"
-            raise UnsupportedOpError(f"target {target.name} cannot run {len(stats.unsupported)} op(s): {listed}; {fix}")
+    refusal = op_refusal(stats, target, options, warn)
+    if refusal:
+        raise UnsupportedOpError(refusal)
     return Analysis(stats, graph)
+
+
+def op_refusal(stats: ModelStats, target: Target, options: dict[str, Any] | None,
+               warn: Callable[[str], None] = lambda m: None) -> str | None:
+    """Why the target refuses the analyzed model's ops (None: it takes them). The one check behind both
+    convert's analyze stage and ``edgekit inspect --target``, so inspect predicts convert's refusal."""
+    if not stats.unsupported:
+        return None
+    listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
+    if flag_option(options, "allow_float_fallback"):
+        warn(f"{len(stats.unsupported)} op(s) outside target {target.name}'s list kept (allow_float_fallback): "
+             + listed)
+        return None
+    fix = "replace them in the model or choose another target"
+    if converter_info(target.converter).float_fallback:  # such ops can stay float (audited after converting)
+        fix += ", or pass --option allow_float_fallback=true to keep them float"
+    return f"target {target.name} cannot run {len(stats.unsupported)} op(s): {listed}; {fix}"
 
 
 def plan(ing: Ingested, an: Analysis, target: Target, board: Board, precision: str,
@@ -180,7 +194,8 @@ def plan(ing: Ingested, an: Analysis, target: Target, board: Board, precision: s
     return Planned(precision, chosen, plan_section(an.stats, board, precision, chosen))
 
 
-def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str], None]) -> Compression:
+def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str], None],
+             output_kinds: dict[str, str] | None = None, eval_output: str | None = None) -> Compression:
     """compress: what every converter needs before it quantizes: calibration data for INT8 (real, or random
     with a warning), and the data the golden samples are drawn from."""
     calib_ds = ing.calib
@@ -211,7 +226,14 @@ def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[
             warn(f"{calib_ds.source} has only {len(calib_ds)} samples: the golden samples also calibrate; "
                  "give more data, or a separate --eval file")
     golden = (eval_ds if eval_ds is not None and "indices_in" in record else src).subset(idx)
-    return Compression(calib_ds, golden, eval_ds, record)
+    # each output's kind (what metric judges it), and the output labels are scored on: settled before converting
+    kinds = infer_kinds(ing.model, ing.model.reference(), golden, output_kinds)
+    scored = None
+    if eval_ds is not None and eval_ds.labels is not None:
+        scored = pick_eval_output(ing.model, kinds, eval_output)
+    elif eval_output is not None:
+        raise InputSpecError(f"--eval-output {eval_output}: give --eval with a 'label' array to score it")
+    return Compression(calib_ds, golden, eval_ds, record, kinds, scored)
 
 
 def _same_file(a: Dataset, b: Dataset) -> bool:
@@ -245,7 +267,7 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
             f"the artifact does not load or run in {runtime} ({type(exc).__name__}: {first_line(exc, 300)})"])
         return Checked(v, gin, ref)
     v, gin, gout = verify_outputs(m, m.reference(), runner, comp.golden, len(comp.golden), tol, runtime, precision,
-                                  comp.eval)
+                                  comp.eval, comp.kinds, comp.eval_output)
     return Checked(v, gin, gout)
 
 
@@ -262,7 +284,8 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
         g_inputs.append({"name": spec.name, "key": f"input_{i}", "shape": list(spec.shape), "dtype": spec.dtype})
     for i, (spec, arr) in enumerate(zip(m.outputs, golden_out, strict=True)):
         arrays[f"output_{i}"] = arr
-        g_outputs.append({"name": spec.name, "key": f"output_{i}", "shape": list(arr.shape[1:]), "dtype": str(arr.dtype)})
+        g_outputs.append({"name": spec.name, "key": f"output_{i}", "shape": list(arr.shape[1:]), "dtype": str(arr.dtype),
+                          "kind": next((o.kind for o in verification.outputs if o.name == spec.name), None)})
     np.savez(out / GOLDEN_FILE, **arrays)
 
     runner_src = data_dir("firmware") / tgt.runner

@@ -14,6 +14,7 @@ import numpy as np
 
 from edgekit.converters import Runner
 from edgekit.data import Dataset
+from edgekit.errors import InputSpecError
 from edgekit.ingest import Model
 from edgekit.profiles import Tolerance
 
@@ -30,6 +31,9 @@ class OutputCheck:
     min_top1_agreement: float | None
     passed: bool
     top1_agreement_ci95: tuple[float, float] | None = None  # Wilson interval over the golden samples
+    kind: str = "regression"  # class | regression | mask | index
+    metrics: dict[str, float] = field(default_factory=dict)  # the kind's own: snr_db, cosine, top5, iou, exact
+    worst_sample: int | None = None  # golden sample index with the largest error
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Verification:
     converted_accuracy: float | None = None
     eval_samples: int | None = None
     max_accuracy_drop_points: float | None = None
+    eval_output: str | None = None  # the output --eval labels were scored on
     float_accuracy_ci95: tuple[float, float] | None = None  # Wilson intervals: what n samples can tell
     converted_accuracy_ci95: tuple[float, float] | None = None
     failures: list[str] = field(default_factory=list)
@@ -69,10 +74,6 @@ def wilson(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
     return (float(max(0.0, centre - half)), float(min(1.0, centre + half)))
 
 
-def is_classifier(arr: np.ndarray) -> bool:
-    return arr.ndim == 2 and arr.shape[1] > 1
-
-
 def run_all(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     outs = [runner(f) for f in feeds]
     return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
@@ -90,6 +91,47 @@ def eval_accuracy(runner: Runner, model: Model, ds: Dataset) -> float:
     return top1_accuracy(run_all(runner, feeds)[0], ds.labels[:n])
 
 
+def output_checks() -> Any:
+    """The one output-check implementation: ``firmware/common/edgekit_smoke.py`` (the board runs it too)."""
+    from edgekit.converters import load_firmware
+
+    return load_firmware("common", "edgekit_smoke")
+
+
+def infer_kinds(model: Model, reference: Runner, golden: Dataset, overrides: dict[str, str] | None = None
+                ) -> dict[str, str]:
+    """Each output's kind (class / regression / mask / index) from the float outputs on the golden samples,
+    with ``--output-kind name=kind`` overrides (names checked)."""
+    smoke = output_checks()
+    names = [s.name for s in model.outputs]
+    overrides = dict(overrides or {})
+    for name, kind in overrides.items():
+        if name not in names:
+            raise InputSpecError(f"--output-kind {name}={kind}: the model has no output {name!r} (its outputs: "
+                                 f"{', '.join(names)})")
+        if kind not in smoke.KINDS:
+            raise InputSpecError(f"--output-kind {name}={kind}: choose one of {', '.join(smoke.KINDS)}")
+    feeds = list(golden.batches(model, min(len(golden), 16)))
+    ref = run_all(reference, feeds) if feeds else [np.zeros((0, *s.shape[1:])) for s in model.outputs]
+    return {n: overrides.get(n) or smoke.infer_kind(r, len(names)) for n, r in zip(names, ref, strict=True)}
+
+
+def pick_eval_output(model: Model, kinds: dict[str, str], name: str | None) -> int:
+    """The output that ``--eval`` labels are scored on: ``--eval-output``, else the first ``class`` output."""
+    names = [s.name for s in model.outputs]
+    if name is not None:
+        if name not in names:
+            raise InputSpecError(f"--eval-output {name}: the model has no output {name!r} (its outputs: "
+                                 f"{', '.join(names)})")
+        return names.index(name)
+    classes = [i for i, n in enumerate(names) if kinds.get(n) == "class"]
+    if not classes:
+        raise InputSpecError(f"--eval labels need a class output to score; the outputs are "
+                             f"{', '.join(f'{n} ({kinds[n]})' for n in names)}: name one with --eval-output, "
+                             "or mark it with --output-kind NAME=class")
+    return classes[0]
+
+
 def verify(
     model: Model,
     reference: Runner,
@@ -100,65 +142,59 @@ def verify(
     runtime: str,
     precision: str,
     eval_data: Dataset | None = None,
+    kinds: dict[str, str] | None = None,
+    eval_output: int | None = None,
 ) -> tuple[Verification, dict[str, np.ndarray], list[np.ndarray]]:
-    """Returns the verification, the golden input arrays and the float golden outputs."""
+    """Returns the verification, the golden input arrays and the float golden outputs.
+
+    Each output is judged by its kind's metric with the one implementation the board runs too
+    (``firmware/common/edgekit_smoke.check_output``); ``kinds`` default to what the float outputs show."""
+    smoke = output_checks()
     feeds = list(golden.batches(model, golden_count))
     ref = run_all(reference, feeds)
     got = run_all(artifact, feeds)
-    checks = []
-    failures = []
     names = [s.name for s in model.outputs]
+    kinds = kinds or {n: smoke.infer_kind(r, len(names)) for n, r in zip(names, ref, strict=True)}
+    checks, failures = [], []
+    tol_d = tol.model_dump()
     for name, r, g in zip(names, ref, got, strict=True):
-        g = g.astype(np.float64).reshape(r.shape)
-        r64 = r.astype(np.float64)
-        nonfinite = int(np.count_nonzero(~np.isfinite(g))) + int(np.count_nonzero(~np.isfinite(r64)))
-        err = float(np.max(np.abs(g - r64))) if r.size else 0.0
-        scale = float(np.max(np.abs(r64))) if r.size else 0.0
-        rel = err / scale if scale > 0 else err
-        agree = None
-        if is_classifier(r):
-            agree = float(np.mean(np.argmax(g, axis=1) == np.argmax(r64, axis=1)))
-        # written so that NaN fails: `not (nan <= tol)` is True
-        rel_ok = bool(rel <= tol.max_rel_error) and not nonfinite
-        agree_ok = agree is None or bool(agree >= tol.min_top1_agreement)
-        checks.append(
-            OutputCheck(name, err, scale, rel, tol.max_rel_error, agree,
-                        tol.min_top1_agreement if agree is not None else None, rel_ok and agree_ok,
-                        None if agree is None else wilson(agree, len(r)))
-        )
-        if nonfinite:
-            failures.append(
-                f"output {name!r}: {nonfinite} non-finite value(s) (NaN/Inf) in the float or converted outputs "
-                "on the golden inputs"
-            )
-        elif not rel_ok:
-            failures.append(
-                f"output {name!r}: max error {err:.4g} is {rel:.2%} of the output range {scale:.4g} "
-                f"(tolerance {tol.max_rel_error:.2%} at {precision})"
-            )
-        if not agree_ok:
-            failures.append(
-                f"output {name!r}: top-1 agrees with float on {agree:.1%} of {len(r)} golden samples "
-                f"(needs {tol.min_top1_agreement:.0%} at {precision})"
-            )
+        c = smoke.check_output(name, kinds[name], r, g, tol_d, precision)
+        agree = c["top1_agreement"]
+        metrics = {k: c[k] for k in ("snr_db", "cosine", "top5_agreement", "iou", "exact_match") if k in c}
+        checks.append(OutputCheck(
+            name, c["max_abs_error"], c["max_abs_reference"], c["max_rel_error"], c["tolerance_rel"], agree,
+            tol.min_top1_agreement if agree is not None else None, c["passed"],
+            None if agree is None else wilson(agree, len(r)), kinds[name], metrics, c["worst_sample"]))
+        failures += c["failures"]
     golden_inputs = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
     v = Verification(runtime, precision, len(ref[0]), golden.source, checks, failures=failures)
     if golden.random:
         v.notes.append("golden inputs are random: the outputs are compared, but accuracy on real data is unknown")
-    if eval_data is not None and eval_data.labels is not None:
+    if eval_data is not None:
         efeeds = list(eval_data.batches(model))
         n = sum(len(next(iter(f.values()))) for f in efeeds)
-        labels = eval_data.labels[:n]
-        v.float_accuracy = top1_accuracy(run_all(reference, efeeds)[0], labels)
-        v.converted_accuracy = top1_accuracy(run_all(artifact, efeeds)[0], labels)
+        fref, fgot = run_all(reference, efeeds), run_all(artifact, efeeds)
         v.eval_samples = n
+        if eval_data.labels is None:  # no labels: agreement with the float model on every eval sample
+            for i, name in enumerate(names):
+                if kinds[name] == "class":
+                    share = top1_accuracy(fgot[i], np.argmax(fref[i].reshape(n, -1), axis=1))
+                    v.notes.append(f"output {name!r}: top-1 agrees with float on {share:.1%} of {n} eval samples "
+                                   f"(95% CI {wilson(share, n)[0]:.1%}–{wilson(share, n)[1]:.1%}; no labels)")
+            return v, golden_inputs, ref
+        k = eval_output if eval_output is not None else pick_eval_output(model, kinds, None)
+        labels = eval_data.labels[:n]
+        v.eval_output = names[k]
+        v.float_accuracy = top1_accuracy(fref[k], labels)
+        v.converted_accuracy = top1_accuracy(fgot[k], labels)
         v.float_accuracy_ci95 = wilson(v.float_accuracy, n)
         v.converted_accuracy_ci95 = wilson(v.converted_accuracy, n)
         v.max_accuracy_drop_points = tol.max_accuracy_drop_points
         drop = 100 * (v.float_accuracy - v.converted_accuracy)
         if not drop <= tol.max_accuracy_drop_points:  # NaN fails too
             v.failures.append(
-                f"accuracy on {eval_data.source}: {v.converted_accuracy:.2%} converted vs {v.float_accuracy:.2%} "
-                f"float, a drop of {drop:.2f} points (tolerance {tol.max_accuracy_drop_points} at {precision})"
+                f"accuracy on {eval_data.source} (output {names[k]!r}): {v.converted_accuracy:.2%} converted vs "
+                f"{v.float_accuracy:.2%} float, a drop of {drop:.2f} points (tolerance {tol.max_accuracy_drop_points} "
+                f"at {precision})"
             )
     return v, golden_inputs, ref

@@ -55,3 +55,114 @@ def test_report_shows_intervals_and_how_golden_samples_were_drawn(digits, tmp_pa
     assert "95% CI" in report and "drawn across the file stratified by label, seed 0" in report
     v = res.verification
     assert v.converted_accuracy_ci95[0] <= v.converted_accuracy <= v.converted_accuracy_ci95[1]
+
+
+def _sorted_eval(tmp_path):
+    import numpy as np
+
+    from conftest import DIGITS
+
+    with np.load(DIGITS / "eval.npz") as z:
+        x, y = z["image"], z["label"]
+    order = np.argsort(y, kind="stable")  # by class: the first samples are all zeros and ones
+    path = tmp_path / "sorted_eval.npz"
+    np.savez(path, image=x[order], label=y[order])
+    return path, y[order]
+
+
+def test_a_build_that_breaks_one_class_fails_although_the_class_is_not_first(digits, tmp_path, monkeypatch):
+    """A build that misreads one class (9, the last in the sorted file) passes a first-16 golden check and is
+    failed by golden samples drawn across the file, stratified by label."""
+    import numpy as np
+    import onnx
+
+    from edgekit.converters import tensorrt
+    from edgekit.pipeline import convert
+
+    path, y = _sorted_eval(tmp_path)
+    assert set(y[:16]) == {0} and 9 not in set(y[:400])  # the first 16 (the old golden set) are all zeros
+    real = tensorrt.CONVERTER.convert
+
+    def misreads_nines(job):  # a fake toolchain bug: the real artifact with class 9's logit pushed down
+        art = real(job)
+        proto = onnx.load(str(job.out_dir / art.primary))
+        gemm = next(n for n in reversed(proto.graph.node) if n.op_type == "Gemm")
+        bias = next(i for i in proto.graph.initializer if i.name == gemm.input[2])
+        b = onnx.numpy_helper.to_array(bias).copy()
+        b[9] -= 1e4
+        bias.CopyFrom(onnx.numpy_helper.from_array(b, bias.name))
+        onnx.save(proto, str(job.out_dir / art.primary))
+        return art
+
+    monkeypatch.setattr(tensorrt.CONVERTER, "convert", misreads_nines)
+    with pytest.raises(VerificationError, match=r"top-1 agrees with float on 9\d\.\d% of 64 golden samples"):
+        convert(digits["model"], "jetson", tmp_path / "b", board="host", precision="fp32", eval_data=str(path))
+    man = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    sel = man["golden"]["selection"]
+    assert sel["stratified"] and 9 in set(y[np.asarray(sel["indices"])])
+    # the old check, the first 16 samples of the file, would have passed this very build (kept, marked failed)
+    import onnxruntime as ort
+    import torch
+
+    with np.load(path) as z:
+        x = z["image"]
+    sess = ort.InferenceSession(str(tmp_path / "b" / "model.onnx"), providers=["CPUExecutionProvider"])
+    ref = torch.export.load(str(digits["model"])).module()
+    agree = [int(np.argmax(sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0]))
+             == int(ref(torch.from_numpy(x[i:i + 1])).argmax()) for i in (*range(16), *np.flatnonzero(y == 9)[:5])]
+    assert all(agree[:16]) and not any(agree[16:])
+
+
+def test_two_heads_each_judged_by_its_kind_and_labels_scored_on_the_named_head(tmp_path):
+    """A box regression head first, a class head second: the box is judged by SNR / abs error (never top-1),
+    labels are scored on the class head (by default, and by --eval-output), and naming a regression head for
+    labels, or an unknown output, is a one-line error before any work."""
+    import torch
+
+    from conftest import DIGITS
+    from edgekit.errors import InputSpecError
+    from edgekit.pipeline import convert
+    from plan_nets import two_heads
+
+    net = two_heads()
+    pt2 = tmp_path / "two_heads.pt2"
+    torch.export.save(torch.export.export(net, (torch.zeros(1, 1, 8, 8),)), str(pt2))
+    res = convert(pt2, "jetson", tmp_path / "b", board="host", precision="int8", calib=str(DIGITS / "calib.npz"),
+                  eval_data=str(DIGITS / "eval.npz"))
+    box, prob = res.verification.outputs
+    assert (box.kind, prob.kind) == ("regression", "class")
+    assert box.top1_agreement is None and box.metrics["snr_db"] > 15 and 0.99 < box.metrics["cosine"] <= 1.0
+    assert prob.top1_agreement is not None and prob.top1_agreement >= 0.9
+    v = res.verification
+    assert v.eval_output == prob.name and v.float_accuracy > 0.8  # scored on the class head, not on the box
+    man = res.manifest
+    assert [o["kind"] for o in man["golden"]["outputs"]] == ["regression", "class"]  # what the board judges by
+    named = convert(pt2, "jetson", tmp_path / "c", board="host", precision="fp32", eval_data=str(DIGITS / "eval.npz"),
+                    eval_output=prob.name)
+    assert named.verification.eval_output == prob.name
+    with pytest.raises(InputSpecError, match="--eval-output nope: the model has no output"):
+        convert(pt2, "jetson", tmp_path / "d", board="host", precision="fp32", eval_data=str(DIGITS / "eval.npz"),
+                eval_output="nope")
+    with pytest.raises(InputSpecError, match="--output-kind .*choose one of"):
+        convert(pt2, "jetson", tmp_path / "d", board="host", precision="fp32", output_kinds={prob.name: "label"})
+    # the user overrides the inference: the box as a class output is judged by top-1 agreement
+    over = convert(pt2, "jetson", tmp_path / "e", board="host", precision="fp32", output_kinds={box.name: "class"},
+                   eval_data=str(DIGITS / "eval.npz"), eval_output=prob.name)
+    assert over.verification.outputs[0].kind == "class" and over.verification.outputs[0].top1_agreement is not None
+
+
+def test_tiny_range_output_has_an_absolute_floor():
+    """A voice-activity probability near 0.01 on silence: an fp16 error of 0.001 is 10% of its range, but not a
+    failure where the profile's abs_floor allows it; the same error on a unit-range output is judged relative."""
+    import numpy as np
+
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    ref = np.full((8, 1), 0.01)
+    got = ref + 0.001
+    tol = {"max_rel_error": 0.01, "abs_floor": 0.002, "min_top1_agreement": 0.99}
+    assert smoke.check_output("vad", "regression", ref, got, tol)["passed"]
+    assert not smoke.check_output("vad", "regression", ref, got, {**tol, "abs_floor": 0.0})["passed"]
+    r = smoke.check_output("vad", "regression", ref, got, {**tol, "min_snr_db": 30})
+    assert not r["passed"] and "SNR" in r["failures"][0]  # 20 dB: the floor does not hide a poor SNR when asked

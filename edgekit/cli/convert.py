@@ -28,6 +28,8 @@ def convert(
     golden: Annotated[int, typer.Option("--golden", help="golden samples, drawn across the data (stratified by label)")] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="print the manifest as JSON")] = False,
     option: Annotated[list[str] | None, typer.Option("--option", help="converter option key=value, e.g. layout=nhwc, allow_float_fallback=true (android)")] = None,
+    output_kind: Annotated[list[str] | None, typer.Option("--output-kind", help="how an output is judged: NAME=class|regression|mask|index (default: inferred)")] = None,
+    eval_output: Annotated[str | None, typer.Option("--eval-output", help="the output --eval labels are scored on (default: the first class output)")] = None,
     max_data_mb: Annotated[float | None, typer.Option("--max-data-mb", help="largest --calib/--eval arrays to load, MB (default 1024; env EDGEKIT_MAX_DATA_MB)")] = None,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
@@ -48,7 +50,9 @@ def convert(
             model, target=target, out=out, board=board, precision=precision, calib=calib, eval_data=eval_data,
             input_shape=input_shape, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
             golden_count=golden, options=parse_overrides(option, "--option", "allow_float_fallback=true") or None,
-            max_data_mb=max_data_mb, log=lambda m: err.print(f"  [dim]{m}[/]"),
+            max_data_mb=max_data_mb, output_kinds={k: str(v) for k, v in parse_overrides(
+                output_kind, "--output-kind", "landmarks=regression").items()} or None,
+            eval_output=eval_output, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=on_stage,
         )
     finally:
@@ -88,19 +92,27 @@ def inspect(
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     top: Annotated[int, typer.Option("--top", help="rows in the per-layer table (0 = all)")] = 0,
+    precision: Annotated[str | None, typer.Option("--precision", "-p", help="with --target: also check this precision on the board")] = None,
+    board: Annotated[str | None, typer.Option("--board", "-b", help="with --precision: the board (default: the target's)")] = None,
+    option: Annotated[list[str] | None, typer.Option("--option", help="converter option key=value, as for convert")] = None,
 ) -> None:
-    """Parameters, MACs, weight bytes per precision, peak live activations, per-layer table."""
+    """Parameters, MACs, weight bytes per precision, peak live activations, per-layer table; with --target,
+    the same checks convert runs before building (input kind, options, precision, ops), through the same code."""
+    from edgekit import stages
     from edgekit.analyze import analyze_model
+    from edgekit.converters import check_options
     from edgekit.fsutil import work_dir
-    from edgekit.ingest import check_target_takes, load_model
-    from edgekit.profiles import load_target
+    from edgekit.profiles import default_board, load_board, load_target, parse_overrides
 
     tgt = load_target(target) if target else None
-    check_target_takes(model, tgt)
-    m = load_model(model, input_shape, trust_pickle)
+    opts = check_options(tgt.converter, parse_overrides(option, "--option", "allow_float_fallback=true")) if tgt else {}
+    if precision and tgt is not None and precision != "auto":
+        stages.check_precision(precision, tgt, load_board(board) if board else default_board(tgt.name))
+    m = stages.ingest(model, tgt, input_shape, trust_pickle, None, None, None).model  # convert's ingest stage
     with work_dir("edgekit-") as tmp:
         # the same analysis as convert's analyze stage (ONNX graph; fp32 .tflite for Keras / SavedModel)
         stats, _ = analyze_model(m, Path(tmp), tgt)
+    refusal = stages.op_refusal(stats, tgt, opts) if tgt is not None else None
     if as_json:
         out = stats.to_json()
         out["model"] = {"source": m.source, "kind": m.kind, "sha256": m.sha256,
@@ -127,7 +139,9 @@ def inspect(
                 console.print(f"[red]{len(stats.unsupported)} op(s) target {tgt.name} cannot run:[/]")
                 for u in stats.unsupported:
                     console.print(f"  {u['op']}  (node {u['node']})")
+                console.print("convert would " + (f"refuse it: {refusal}" if refusal else
+                                                  "keep them float (allow_float_fallback)"))
             else:
                 console.print(f"[green]every op is supported by target {tgt.name}[/]")
-    if tgt is not None and stats.unsupported:
+    if refusal:
         raise typer.Exit(1)

@@ -60,22 +60,109 @@ def peak_rss_mb():
         return None
 
 
+KINDS = ("class", "regression", "mask", "index")
+
+
+def _probabilities(ref):
+    return ref.min() >= 0 and ref.max() <= 1 and np.allclose(ref.sum(axis=1), 1.0, atol=1e-3)
+
+
+def infer_kind(ref, n_outputs):
+    """An output's kind from its float values: integers are ``index``; [N, C>1] is ``class`` when it is the
+    model's only output or holds probabilities (a softmax at the end), else ``regression`` (box, landmarks);
+    [N, 1, H, W] in [0, 1] is a ``mask``; everything else ``regression``. ``--output-kind`` overrides."""
+    ref = np.asarray(ref)
+    if ref.dtype.kind in "iub":
+        return "index"
+    if ref.ndim == 2 and ref.shape[1] > 1:
+        return "class" if n_outputs == 1 or _probabilities(ref) else "regression"
+    if ref.ndim == 4 and ref.shape[1] == 1 and ref.size and ref.min() >= 0 and ref.max() <= 1:
+        return "mask"
+    return "regression"
+
+
+def check_output(name, kind, ref, got, tol, label=""):
+    """One output of the converted model against the float model, judged by its kind's metric.
+
+    Every kind: max |error| against max(max_rel_error x output range, abs_floor) (an absolute floor, so a
+    tiny-range output is not failed on noise) and no NaN/Inf. ``class``: top-1 (and top-5) agreement;
+    ``regression``: SNR in dB (min_snr_db where the profile sets it) and cosine similarity; ``mask``: IoU at
+    0.5 (min_iou); ``index``: exact match (min_exact). The host (edgekit.verify) and the board use this one
+    function. Returns a dict: metrics, worst_sample, passed, failures."""
+    at = (" at %s" % label) if label else ""
+    ref64 = np.asarray(ref, dtype=np.float64)
+    got64 = np.asarray(got, dtype=np.float64).reshape(ref64.shape)
+    n = len(ref64)
+    bad = int(np.count_nonzero(~np.isfinite(got64))) + int(np.count_nonzero(~np.isfinite(ref64)))
+    diff = np.abs(got64 - ref64)
+    err = float(np.max(diff)) if ref64.size else 0.0
+    scale = float(np.max(np.abs(ref64))) if ref64.size else 0.0
+    rel = err / scale if scale > 0 else err
+    floor = float(tol.get("abs_floor") or 0.0)
+    allowed = max(tol["max_rel_error"] * scale, floor)
+    per_sample = diff.reshape(n, -1).max(axis=1) if n and ref64.size else np.zeros(0)
+    out = {"output": name, "kind": kind, "max_abs_error": err, "max_abs_reference": scale, "max_rel_error": rel,
+           "tolerance_rel": tol["max_rel_error"], "abs_floor": floor, "top1_agreement": None,
+           "worst_sample": int(np.argmax(per_sample)) if per_sample.size and not bad else None, "samples": n}
+    failures = []
+    if bad:
+        failures.append("output %r: %d non-finite value(s) (NaN/Inf) in the float or converted outputs on the "
+                        "golden inputs" % (name, bad))
+    elif not err <= allowed:
+        failures.append("output %r: max error %.4g is %.2f%% of the output range %.4g (tolerance %.2f%%%s%s)" % (
+            name, err, 100 * rel, scale, 100 * tol["max_rel_error"],
+            (", floor %.3g" % floor) if floor else "", at))
+    if kind == "class" and ref64.ndim >= 2 and not bad:
+        r2, g2 = ref64.reshape(n, -1), got64.reshape(n, -1)
+        top_ref = np.argmax(r2, axis=1)
+        agree = float(np.mean(np.argmax(g2, axis=1) == top_ref))
+        out["top1_agreement"] = agree
+        out["min_top1_agreement"] = tol["min_top1_agreement"]
+        if r2.shape[1] >= 5:
+            top5 = np.argsort(-g2, axis=1)[:, :5]
+            out["top5_agreement"] = float(np.mean([t in row for t, row in zip(top_ref, top5)]))
+        if not agree >= tol["min_top1_agreement"]:
+            failures.append("output %r: top-1 agrees with float on %.1f%% of %d golden samples (needs %.0f%%%s)" % (
+                name, 100 * agree, n, 100 * tol["min_top1_agreement"], at))
+    elif kind == "regression" and not bad:
+        noise = float(np.sum((got64 - ref64) ** 2))
+        signal = float(np.sum(ref64 ** 2))
+        snr = float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+        norms = np.linalg.norm(ref64.reshape(n, -1), axis=1) * np.linalg.norm(got64.reshape(n, -1), axis=1)
+        dots = np.sum(ref64.reshape(n, -1) * got64.reshape(n, -1), axis=1)
+        cos = float(np.mean(np.where(norms > 0, dots / np.where(norms > 0, norms, 1), 1.0))) if n else 1.0
+        out["snr_db"], out["cosine"] = snr, cos
+        if tol.get("min_snr_db") is not None and not snr >= tol["min_snr_db"]:
+            failures.append("output %r: SNR %.1f dB against the float output (needs %.0f dB%s)" % (
+                name, snr, tol["min_snr_db"], at))
+    elif kind == "mask" and not bad:
+        r, g = ref64 >= 0.5, got64 >= 0.5
+        union = float(np.count_nonzero(r | g))
+        iou = float(np.count_nonzero(r & g)) / union if union else 1.0
+        out["iou"] = iou
+        if not iou >= tol.get("min_iou", 0.9):
+            failures.append("output %r: mask IoU %.3f at threshold 0.5 (needs %.2f%s)" % (
+                name, iou, tol.get("min_iou", 0.9), at))
+    elif kind == "index" and not bad:
+        exact = float(np.mean(got64 == ref64)) if ref64.size else 1.0
+        out["exact_match"] = exact
+        if not exact >= tol.get("min_exact", 0.99):
+            failures.append("output %r: %.1f%% of indices match the float model (needs %.0f%%%s)" % (
+                name, 100 * exact, 100 * tol.get("min_exact", 0.99), at))
+    out["passed"] = not failures
+    out["failures"] = failures
+    return out
+
+
 def compare(outputs, golden, manifest):
-    """Per output: max error relative to the float output range, top-1 agreement for classifiers."""
+    """Per output, by its kind (recorded in the manifest at conversion; inferred for older bundles)."""
     tol = manifest["tolerance"]
+    specs = manifest["golden"]["outputs"]
     checks = []
-    for spec, got in zip(manifest["golden"]["outputs"], outputs):
-        ref = golden[spec["key"]].astype(np.float64)
-        got = np.asarray(got, dtype=np.float64).reshape(ref.shape)
-        err = float(np.max(np.abs(got - ref))) if ref.size else 0.0
-        scale = float(np.max(np.abs(ref))) if ref.size else 0.0
-        rel = err / scale if scale > 0 else err
-        agree = None
-        if ref.ndim == 2 and ref.shape[1] > 1:
-            agree = float(np.mean(np.argmax(got, 1) == np.argmax(ref, 1)))
-        ok = rel <= tol["max_rel_error"] and (agree is None or agree >= tol["min_top1_agreement"])
-        checks.append({"output": spec["name"], "max_abs_error": err, "max_rel_error": rel,
-                       "tolerance_rel": tol["max_rel_error"], "top1_agreement": agree, "passed": ok})
+    for spec, got in zip(specs, outputs):
+        ref = golden[spec["key"]]
+        kind = spec.get("kind") or infer_kind(ref, len(specs))
+        checks.append(check_output(spec["name"], kind, ref, got, tol))
     return checks
 
 

@@ -80,3 +80,51 @@ def digits_int8_fragile():
         net.head.weight[:, 0] = 1000.0
     return net.eval()
 
+
+
+class TwoHeads(nn.Module):
+    """The digits network's trunk with two heads, as face detectors have: ``box`` [N, 4] (a regression: the
+    ink's bounding box in the 8x8 image, 0..1) first, then ``prob`` [N, 10] (class probabilities, softmax)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Flatten(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU())
+        self.box = nn.Linear(32, 4)
+        self.cls = nn.Linear(32, 10)
+
+    def forward(self, x):
+        h = self.trunk(x)
+        return self.box(h), torch.softmax(self.cls(h), dim=1)
+
+
+def ink_box(x: torch.Tensor) -> torch.Tensor:
+    """Bounding box (row0, col0, row1, col1) / 8 of the pixels above the image mean: the regression target."""
+    img = x[:, 0]
+    on = img > img.mean(dim=(1, 2), keepdim=True)
+    rows, cols = on.any(dim=2).float(), on.any(dim=1).float()
+    idx = torch.arange(8, dtype=torch.float32)
+    first = lambda m: (m * (8 - idx)).argmax(dim=1).float()  # noqa: E731 - first True
+    last = lambda m: (m * (idx + 1)).argmax(dim=1).float()  # noqa: E731 - last True
+    return torch.stack([first(rows), first(cols), last(rows), last(cols)], dim=1) / 8
+
+
+def two_heads(steps: int = 400) -> nn.Module:
+    """TwoHeads trained on scikit-learn's digits (through the example's calib + eval files): about 1 s."""
+    from pathlib import Path
+
+    import numpy as np
+
+    root = Path(__file__).resolve().parents[2] / "examples" / "digits"
+    with np.load(root / "eval.npz") as z:
+        x, y = torch.from_numpy(z["image"]), torch.from_numpy(z["label"]).long()
+    torch.manual_seed(0)
+    net = TwoHeads()
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    box = ink_box(x)
+    for _ in range(steps):
+        b, p = net(x)
+        loss = nn.functional.nll_loss(torch.log(p + 1e-9), y) + 10 * nn.functional.mse_loss(b, box)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return net.eval()
