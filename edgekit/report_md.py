@@ -18,6 +18,20 @@ def _ci(ci: Any) -> str:
     return f", 95% CI {ci[0]:.1%}–{ci[1]:.1%}" if ci else ""
 
 
+def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
+    m = o.get("metrics") or {}
+    if "snr_db" in m:
+        need = f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""
+        return f"SNR {m['snr_db']:.1f} dB{need}, cosine {m.get('cosine', float('nan')):.5f}"
+    if "iou" in m:
+        return f"IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g})"
+    if "exact_match" in m:
+        return f"exact {m['exact_match']:.1%} (≥ {tol.get('min_exact', 0.99):.0%})"
+    if "top5_agreement" in m:
+        return f"top-5 {m['top5_agreement']:.1%}"
+    return "—"
+
+
 def _selection(sel: dict[str, Any] | None) -> str:
     if not sel:
         return ""
@@ -40,14 +54,18 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         "",
         "## Host verification (artifact vs float model)",
         "",
-        "| output | max abs error | max rel error | tolerance | top-1 agreement | result |",
-        "|---|---|---|---|---|---|",
+        "| output | kind | max abs error | max rel error | tolerance | top-1 agreement | kind's metric | worst sample | result |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
+    tol = man.get("tolerance") or {}
     for o in v["outputs"]:
         agree = "—" if o["top1_agreement"] is None else (
             f"{o['top1_agreement']:.1%} (≥ {o['min_top1_agreement']:.0%}){_ci(o.get('top1_agreement_ci95'))}")
+        floor = f" (floor {tol['abs_floor']:.3g})" if tol.get("abs_floor") else ""
+        worst = "—" if o.get("worst_sample") is None else str(o["worst_sample"])
         lines.append(
-            f"| {o['name']} | {o['max_abs_error']:.4g} | {o['max_rel_error']:.3%} | {o['tolerance_rel']:.2%} | {agree} | {'pass' if o['passed'] else 'FAIL'} |"
+            f"| {o['name']} | {o.get('kind', '—')} | {o['max_abs_error']:.4g} | {o['max_rel_error']:.3%} | "
+            f"{o['tolerance_rel']:.2%}{floor} | {agree} | {_metric(o, tol)} | {worst} | {'pass' if o['passed'] else 'FAIL'} |"
         )
     if v["float_accuracy"] is not None:
         drop = 100 * (v["float_accuracy"] - v["converted_accuracy"])

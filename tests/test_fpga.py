@@ -112,8 +112,9 @@ def test_mlp_int8_bit_exact_and_accurate(mlp_bundle):
     man = mlp_bundle.manifest
     art = man["artifact"]
     be = art["bit_exact"]
-    # 64 calibration samples in convert + 64 golden (the default, drawn across eval) + 450 eval samples, all bit-exact
-    assert be["samples"] == 64 + 64 + 450 and be["exact"] == be["samples"] and be["max_abs_diff"] == 0.0
+    # 64 calibration samples in convert + 1 load-and-run check + 64 golden (the default, drawn across eval)
+    # + 450 eval samples in verify, all bit-exact
+    assert be["samples"] == 64 + 1 + 64 + 450 and be["exact"] == be["samples"] and be["max_abs_diff"] == 0.0
     assert all(q["pow2"] for q in art["quantization"]["quant_nodes"])
     v = mlp_bundle.verification
     assert v.passed and v.converted_accuracy >= v.float_accuracy - 0.02
@@ -231,6 +232,6 @@ def test_tiny_cnn_int4_kv260_bare_ip(tmp_path):
                   out=tmp_path / "cnn")
     art = res.manifest["artifact"]
     assert art["io_type"] == "io_stream" and art["backend"] == "Vitis" and art["part"] == "xck26-sfvc784-2LV-c"
-    assert art["bit_exact"]["exact"] == art["bit_exact"]["samples"] == 64 + 64 + 450
+    assert art["bit_exact"]["exact"] == art["bit_exact"]["samples"] == 64 + 1 + 64 + 450
     assert res.verification.passed
     assert any("bare HLS IP" in n for n in res.manifest["notes"])
