@@ -141,6 +141,8 @@ class TensorRTConverter:
         # the session settings the board's onnxruntime fallback uses
         require("onnxruntime", "jetson")
         model = load_firmware("tensorrt").OnnxRuntimeModel(str(job.out_dir / artifact.primary))
+        if len(model.options) > 1:  # recorded in the manifest's warnings: the board's runner retries the same way
+            job.warn(f"onnxruntime needed session options {'; '.join(model.options)} to load the artifact")
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             return list(model(feeds))

@@ -166,3 +166,28 @@ def test_tiny_range_output_has_an_absolute_floor():
     assert not smoke.check_output("vad", "regression", ref, got, {**tol, "abs_floor": 0.0})["passed"]
     r = smoke.check_output("vad", "regression", ref, got, {**tol, "min_snr_db": 30})
     assert not r["passed"] and "SNR" in r["failures"][0]  # 20 dB: the floor does not hide a poor SNR when asked
+
+
+def test_onnxruntime_load_bug_is_retried_with_basic_optimization_and_recorded(digits, tmp_path, monkeypatch):
+    """onnxruntime 1.32 fails to load some Q/DQ graphs (a YOLOv8n, paddle OCR models) only when precision mode
+    meets ORT_ENABLE_ALL. Here that bug is a fake (the digits graph loads fine): a session that refuses those
+    options. The runner retries with ORT_ENABLE_BASIC, the build verifies, and the manifest says so."""
+    import onnxruntime as ort
+
+    from edgekit.pipeline import convert
+
+    real = ort.InferenceSession
+
+    def fake_ort_bug(path, sess_options=None, *args, **kw):
+        opts = sess_options
+        if opts is not None and opts.graph_optimization_level == ort.GraphOptimizationLevel.ORT_ENABLE_ALL \
+                and opts.get_session_config_entry("session.x64quantprecision") == "1":
+            raise RuntimeError("[ONNXRuntimeError] : 1 : FAIL : AddInitializedOrtValue: Attempt to replace the "
+                               "existing tensor")
+        return real(path, sess_options, *args, **kw)
+
+    monkeypatch.setattr(ort, "InferenceSession", fake_ort_bug)
+    res = convert(digits["model"], "jetson", tmp_path / "b", board="host", precision="int8",
+                  calib=str(digits["calib"]))
+    assert res.verification.passed
+    assert any("ORT_ENABLE_BASIC" in w for w in res.manifest["warnings"])

@@ -133,6 +133,8 @@ class OnnxRuntimeModel(object):
             self.options.append("graph_optimization_level=ORT_ENABLE_BASIC (retried: %s)" % str(exc).strip()[:80])
         self.output_names = [o.name for o in self.sess.get_outputs()]
         self.name = "onnxruntime %s (%s)" % (ort.__version__, self.sess.get_providers()[0])
+        if len(self.options) > 1:  # the smoke result says which session options the board needed
+            self.name += " [%s]" % "; ".join(self.options)
 
     def __call__(self, feeds):
         return self.sess.run(self.output_names, feeds)
