@@ -49,10 +49,9 @@ def run(models: Path) -> list[dict]:
             kw = dict(board="host", precision=prec, calib=str(ROOT / "examples" / "digits" / "calib.npz"),
                       eval_data=str(models / "eval_sorted.npz"))
             try:
-                res = convert(path, "jetson", out, **kw)
-                v = res.verification
+                convert(path, "jetson", out, **kw)
             except VerificationError:
-                v = None
+                pass  # a failed build is kept, marked failed: its manifest says why
             man = json.loads((out / "manifest.json").read_text())
             ver = man["verification"]
             rows.append({
