@@ -29,6 +29,7 @@ from edgekit.profiles import default_board, load_board, load_target
 from edgekit.stages import GOLDEN_FILE, bundle_name, check_precision  # noqa: F401 - the pipeline's API
 from edgekit.verify import Verification
 
+DEFAULT_BUILD_ROOT = "build"
 MIN_OPSET, MAX_OPSET = 7, 25  # what onnx and onnxruntime know of; per-channel INT8 needs 13 or more
 ORDER = ("ingest", "analyze", "plan", "compress", "convert", "verify", "write")
 stages.check_order(ORDER)  # at import: a reordered pipeline never starts
@@ -68,7 +69,7 @@ class _Clock:
 def convert(
     model: str | Path | Model,
     target: str = "jetson",
-    out: str | Path = "build",
+    out: str | Path | None = None,
     board: str | None = None,
     precision: str | None = None,
     calib: str | None = None,
@@ -88,7 +89,8 @@ def convert(
     output_kinds: dict[str, str] | None = None,
     eval_output: str | None = None,
 ) -> ConvertResult:
-    """Convert ``model`` for ``target`` on ``board`` into the folder ``out``.
+    """Convert ``model`` for ``target`` on ``board`` into the folder ``out`` (default
+    ``build/<model>-<target>-<precision>``, the precision as planned).
 
     ``model`` may be an already loaded :class:`Model` (not loaded again), and ``analysis``
     that Model's ``analyze_model(model, work, target)`` result (stats, float graph), which is
@@ -103,7 +105,8 @@ def convert(
     if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
         raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
                              "or leave it out for the target's default")
-    check_replaceable(Path(os.path.abspath(out)))  # a foreign -o is refused before minutes of work, and again at the end
+    if out is not None:  # a foreign -o is refused before minutes of work, and again at the end
+        check_replaceable(Path(os.path.abspath(out)))
     tgt = load_target(target)
     options = check_options(tgt.converter, options) or None
     brd = load_board(board, board_set) if board else default_board(target)
@@ -133,6 +136,9 @@ def convert(
         with clock.stage("compress"):
             comp = stages.compress(ing, planned, golden_count, _warn, output_kinds, eval_output)
         m = ing.model
+        if out is None:  # one folder per model, target and precision: builds never collide under build/
+            out = Path(DEFAULT_BUILD_ROOT) / bundle_name(m.source, tgt.name, planned.precision)
+            log(f"output folder: {out}")
         with atomic_dir(Path(out)) as out_tmp:
             job = ConvertJob(
                 model=m, target=tgt, board=brd, precision=planned.precision, calib=comp.calib,

@@ -22,14 +22,24 @@ def digits() -> dict[str, Path]:
     return paths
 
 
-@pytest.fixture(autouse=True)
-def _isolated_user_dirs(tmp_path_factory, monkeypatch):
-    """Keep results stores / calibration files of tests out of the user's data dir."""
-    base = tmp_path_factory.getbasetemp() / "edgekit-data"
-    base.mkdir(exist_ok=True)
-    monkeypatch.setenv("EDGEKIT_DATA_DIR", str(base))
-    monkeypatch.setenv("EDGEKIT_RESULTS_DB", str(base / "results.sqlite"))
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_user_dirs(tmp_path_factory):
+    """Tests touch nothing outside pytest's own temporary folder. Session-scoped, so it is set up before any
+    module-scoped fixture builds something: edgekit's data folder (results store, calibration fits) and TMPDIR
+    (edgekit's work folders, the toolchains' caches, subprocesses) all live under the session's basetemp."""
+    import tempfile
+
+    base = tmp_path_factory.getbasetemp()
+    data, tmp = base / "edgekit-data", base / "tmp"
+    data.mkdir(exist_ok=True)
+    tmp.mkdir(exist_ok=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("EDGEKIT_DATA_DIR", str(data))
+    mp.setenv("EDGEKIT_RESULTS_DB", str(data / "results.sqlite"))
+    mp.setenv("TMPDIR", str(tmp))
+    mp.setattr(tempfile, "tempdir", str(tmp))
     yield
+    mp.undo()
 
 
 def pytest_report_header(config):

@@ -71,3 +71,26 @@ def test_golden_samples_represent_the_data_and_never_calibrate(tmp_path):
     assert sel["held_out_of_calibration"] >= len(y) // 4
     assert res.manifest["calibration"]["samples"] == len(y) - sel["held_out_of_calibration"]
     assert res.verification.eval_samples == sel["held_out_of_calibration"]
+
+
+def test_default_output_folder_is_named_after_model_target_precision(digits, tmp_path, monkeypatch):
+    """Without -o, builds go to build/<model>-<target>-<precision> (the precision as planned): two builds of one
+    model never collide, and an earlier build is never in the way."""
+    from edgekit.pipeline import convert
+
+    monkeypatch.chdir(tmp_path)
+    a = convert(digits["model"], "jetson", board="host", precision="fp32")
+    b = convert(digits["model"], "jetson", board="host", precision="fp16")
+    assert a.out_dir == tmp_path / "build" / "digits_cnn-jetson-fp32"
+    assert b.out_dir == tmp_path / "build" / "digits_cnn-jetson-fp16" and (a.out_dir / "manifest.json").exists()
+    c = convert(digits["model"], "jetson", board="host")  # auto: the planner's choice names the folder
+    assert c.out_dir.name == f"digits_cnn-jetson-{c.manifest['precision']}"
+
+
+def test_the_suite_writes_under_pytest_basetemp_only(tmp_path_factory):
+    import tempfile
+
+    from edgekit.fsutil import data_root
+
+    base = tmp_path_factory.getbasetemp()
+    assert data_root().is_relative_to(base) and __import__("pathlib").Path(tempfile.gettempdir()).is_relative_to(base)
