@@ -65,3 +65,27 @@ def test_convert_cli_quickstart(digits, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (out / "model.onnx").exists() and (out / "manifest.json").exists()
     assert "accuracy (450 samples)" in proc.stdout
+
+
+def test_tables_fit_80_columns(tmp_path):
+    """`edgekit boards` and `edgekit results` at 80 columns: every column keeps its header, no line is wider."""
+    import os
+
+    env = {**os.environ, "COLUMNS": "80", "EDGEKIT_RESULTS_DB": str(tmp_path / "r.sqlite")}
+    from edgekit import results
+
+    results.use_db(tmp_path / "r.sqlite")
+    try:
+        results.record("convert", board_id="nvidia/jetson-orin-nano-8gb", precision="int8", bundle="digits_cnn-jetson-int8",
+                       model_sha256="ab" * 32, estimated_latency_ms=0.4, passed=True)
+    finally:
+        results.use_db(None)
+    for args, headers in ((["boards"], ("board", "targets", "RAM", "precisions", "power")),
+                          (["results"], ("id", "kind", "board", "precision", "est. ms", "meas. ms", "result"))):
+        proc = subprocess.run([sys.executable, "-m", "edgekit", *args], capture_output=True, text=True, timeout=60,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.splitlines()
+        assert max(len(ln) for ln in lines) <= 80 and "┃┃" not in proc.stdout and "…" not in proc.stdout
+        for h in headers:
+            assert h in proc.stdout, (args, h)

@@ -166,8 +166,9 @@ def results_cmd(
     limit: Annotated[int, typer.Option("--limit", "-n", help="newest N (0 = all)")] = 50,
     results_db: DbOpt = None,
     as_json: Annotated[bool, typer.Option("--json")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help="add the bundle name and model hash columns")] = False,
 ) -> None:
-    """List recorded converts, bundles, flashes and smoke tests (newest first)."""
+    """List recorded converts, bundles, flashes and smoke tests (newest first; fits 80 columns, --wide for all)."""
     from edgekit import results
 
     results.use_db(results_db)
@@ -176,12 +177,16 @@ def results_cmd(
         print(json.dumps(rows, indent=2, default=str))
         return
     t = Table(title=f"results: {results.db_path()}", title_justify="left")
-    for col in ("id", "when (UTC)", "kind", "board", "bundle", "precision", "model", "est. ms", "measured ms", "result"):
-        t.add_column(col)
+    cols = ["id", "when (UTC)", "kind", "board", *(["bundle"] if wide else []), "precision",
+            *(["model"] if wide else []), "est. ms", "meas. ms", "result"]
+    for col in cols:  # short cells never wrap or truncate; board names may wrap
+        t.add_column(col, no_wrap=col not in ("board", "bundle"), overflow="fold",
+                     justify="right" if "ms" in col else "left")
     for e in rows:
         fmt = lambda v: "—" if v is None else f"{v:.3g}"
         res = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(e.get("passed"), "")
-        t.add_row(str(e["id"]), e["at_utc"], e["kind"], e.get("board_id") or "", e.get("bundle") or "",
-                  e.get("precision") or "", (e.get("model_sha256") or "")[:12], fmt(e.get("estimated_latency_ms")),
-                  fmt(e.get("measured_latency_ms")), res)
+        when = e["at_utc"] if wide else e["at_utc"][5:16].replace("T", " ")  # MM-DD HH:MM
+        t.add_row(str(e["id"]), when, e["kind"], e.get("board_id") or "", *([e.get("bundle") or ""] if wide else []),
+                  e.get("precision") or "", *([(e.get("model_sha256") or "")[:12]] if wide else []),
+                  fmt(e.get("estimated_latency_ms")), fmt(e.get("measured_latency_ms")), res)
     console.print(t)

@@ -15,20 +15,25 @@ from edgekit.cli.common import SetOpt, app, boards_app, console
 def boards(
     ctx: typer.Context,
     target: Annotated[str | None, typer.Option("--target", "-t", help="only boards for this target")] = None,
+    wide: Annotated[bool, typer.Option("--wide", help="add each board's description")] = False,
 ) -> None:
-    """List the shipped board profiles."""
+    """List the shipped board profiles (fits 80 columns; --wide adds descriptions)."""
     if ctx.invoked_subcommand is not None:
         return
     from edgekit.profiles import list_boards
 
     t = Table(title="boards", title_justify="left")
     t.add_column("board", no_wrap=True)
-    for col in ("targets", "RAM", "precisions", "power modes"):
-        t.add_column(col)
-    t.add_column("description", overflow="ellipsis", no_wrap=True, max_width=60)
+    t.add_column("targets")
+    t.add_column("RAM", no_wrap=True, justify="right")
+    t.add_column("precisions", overflow="fold")  # long lists wrap instead of squeezing other columns away
+    t.add_column("power modes", overflow="fold")
+    if wide:
+        t.add_column("description", overflow="fold")
     for b in list_boards(target):
-        t.add_row(b.id, ",".join(b.targets), f"{b.ram_mb / 1024:g} GB", ",".join(b.precisions),
-                  ",".join(b.power_modes), b.description)
+        row = [b.id, " ".join(b.targets), f"{b.ram_mb / 1024:g} GB", " ".join(b.precisions),
+               " ".join(b.power_modes)]
+        t.add_row(*row, *([b.description] if wide else []))
     console.print(t)
 
 
