@@ -62,6 +62,7 @@ class Model:
     onnx_path: Path | None = None  # float ONNX, for onnx kind or once exported
     tf_model: Any = None  # keras.Model, or the object tf.saved_model.load returned (keeps its variables alive)
     tf_function: Any = None  # tf ConcreteFunction: positional inputs (static shapes) -> tuple of outputs
+    _reference: Any = field(default=None, repr=False, compare=False)  # made once: an ONNX model's is a session
 
     @property
     def is_torch(self) -> bool:
@@ -72,7 +73,13 @@ class Model:
         return self.kind in TF_KINDS
 
     def reference(self) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
-        """The float model as a function of named numpy inputs (one batch)."""
+        """The float model as a function of named numpy inputs (one batch); made once per Model (the
+        compress and verify stages both run it; for ONNX it holds an onnxruntime session)."""
+        if self._reference is None:
+            self._reference = self._make_reference()
+        return self._reference
+
+    def _make_reference(self) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
         if self.is_tf:
             tf = import_tensorflow()
             fn = self.tf_function

@@ -24,7 +24,7 @@ from edgekit.planner import (
     with_float_layers,
 )
 from edgekit.profiles import Board, Target, load_target
-from edgekit.verify import eval_accuracy
+from edgekit.verify import eval_accuracy, infer_kinds, pick_eval_output
 
 class _Builder:
     """Builds one candidate with the target's converter (no bundle) and measures its eval accuracy.
@@ -34,9 +34,11 @@ class _Builder:
     model's float graph, and measures each (precision, float layers) build once.
     """
 
-    def __init__(self, analyzed: Analyzed, target: Target, board: Board, eval_ds, calib_ds, work: Path) -> None:
+    def __init__(self, analyzed: Analyzed, target: Target, board: Board, eval_ds, calib_ds, work: Path,
+                 output: int) -> None:
         self.a, self.target, self.board, self.eval_ds, self.calib_ds, self.work = (
             analyzed, target, board, eval_ds, calib_ds, work)
+        self.output = output  # the output labels are scored on (as the pipeline's verify scores them)
         self.known: dict[tuple[str, tuple[str, ...]], float] = {}  # (precision, float layers) -> accuracy
         self.n = 0
 
@@ -58,7 +60,7 @@ class _Builder:
                          float_onnx=self.a.float_graph if m.is_torch else None)
         conv = get_converter(self.target.converter)
         art = conv.convert(job)
-        self.known[key] = eval_accuracy(conv.host_runner(job, art), m, self.eval_ds)
+        self.known[key] = eval_accuracy(conv.host_runner(job, art), m, self.eval_ds, self.output)
         return self.known[key]
 
 
@@ -104,12 +106,13 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
         a = analyze(model, tgt, work / "float", input_shape)  # an Analyzed is used as it is
         m = a.model
         eval_ds = load_npz(eval_data, m, need_labels=True, what="--eval")
+        scored = pick_eval_output(m, infer_kinds(m, m.reference(), eval_ds), None)  # as verify scores labels
         calib_ds = load_npz(calib, m, what="--calib") if calib else None
         float_acc = None  # the unpruned float model's accuracy: drops count from here
         if cand.prune_ratio:
             from edgekit.prune import prune, save_exported
 
-            float_acc = eval_accuracy(m.reference(), m, eval_ds)  # the builds below measure the pruned model
+            float_acc = eval_accuracy(m.reference(), m, eval_ds, scored)  # the builds below measure the pruned model
             pruned, info = prune(m, cand.prune_ratio, calib_ds, steps=finetune_steps)
             a = analyze(str(save_exported(pruned, m, work / "pruned.pt2")), tgt, work / "pruned")
             plan.pruning = info
@@ -134,7 +137,7 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
             raise PlanError(f"accuracy drop budget {budget} points cannot be met: {cand.label} loses "
                             f"{drop:.2f} points (+{drop - budget:.2f}); relax --max-accuracy-drop")
         # per-layer sensitivity: accuracy regained by keeping one layer in float
-        b = _Builder(a, tgt, load_board(plan.board, board_set), eval_ds, calib_ds, work)
+        b = _Builder(a, tgt, load_board(plan.board, board_set), eval_ds, calib_ds, work, scored)
         b.known[(cand.precision, ())] = ca  # the pipeline build above is the no-float-layers build
         gain = {name: 100 * (b.accuracy(cand.precision, [name]) - ca) for name in weight_layer_names(plan.stats)}
         plan.sensitivity = dict(sorted(gain.items(), key=lambda kv: -kv[1]))

@@ -204,11 +204,11 @@ def _payload_configs(zf: zipfile.ZipFile, names: list[str], source: str) -> Iter
                 yield f"{base}/{meta.get('path_name', '')}", fqn, meta
 
 
-def _check_payload_sizes(zf: zipfile.ZipFile, names: list[str], source: str) -> None:
+def _check_payload_sizes(zf: zipfile.ZipFile, configs: list[tuple[str, str, dict]], source: str) -> None:
     """Every raw weight/constant member holds at least the bytes its tensor needs: a member cut short is named
     here (torch would only log warnings and fail with "check the warnings above")."""
     sizes = {i.filename: i.file_size for i in zf.infolist()}
-    for member, fqn, meta in _payload_configs(zf, names, source):
+    for member, fqn, meta in configs:
         if meta.get("use_pickle"):
             continue
         need = _needed_bytes(meta)
@@ -248,11 +248,12 @@ def check_torch_archive(f: IO[bytes], source: str, trust_pickle: bool, *, max_ex
                 "re-save or re-download the model"
             )
         names = [i.filename for i in infos]
-        _check_payload_sizes(zf, names, source)
+        configs = list(_payload_configs(zf, names, source))
+        _check_payload_sizes(zf, configs, source)
         if trust_pickle:
             return
         torchscript = any(n.split("/", 1)[-1].startswith("code/") for n in names)
-        by_config = {member for member, _, meta in _payload_configs(zf, names, source) if meta.get("use_pickle")}
+        by_config = {member for member, _, meta in configs if meta.get("use_pickle")}
         for n in names:
             short = n.split("/", 1)[-1]
             leaf = n.rsplit("/", 1)[-1]

@@ -84,11 +84,14 @@ def top1_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     return float(np.mean(np.argmax(logits.reshape(len(labels), -1), axis=1) == labels))
 
 
-def eval_accuracy(runner: Runner, model: Model, ds: Dataset) -> float:
-    """Top-1 accuracy of ``runner`` (the float model or an artifact) on a labelled data set, output 0."""
+def eval_accuracy(runner: Runner, model: Model, ds: Dataset, output: int | None = None) -> float:
+    """Top-1 accuracy of ``runner`` (the float model or an artifact) on a labelled data set, scored on ``output``
+    (default: the output verify scores labels on, the first ``class`` output, as pick_eval_output chooses)."""
+    if output is None:
+        output = pick_eval_output(model, infer_kinds(model, model.reference(), ds), None)
     feeds = list(ds.batches(model))
     n = sum(len(next(iter(f.values()))) for f in feeds)
-    return top1_accuracy(run_all(runner, feeds)[0], ds.labels[:n])
+    return top1_accuracy(run_all(runner, feeds)[output], ds.labels[:n])
 
 
 def output_checks() -> Any:
