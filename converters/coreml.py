@@ -160,6 +160,8 @@ class CoreMLConverter:
                 "conversion_s": round(t_convert, 3),
                 "compression_s": round(t_compress, 3),
                 "linux_checks": checks,
+                "io_names": {k: v for k, v in coreml_names(
+                    [s.name for s in job.model.inputs + job.model.outputs]).items() if k != v},
             },
             notes=notes,
         )
@@ -174,9 +176,10 @@ class CoreMLConverter:
                 f"{m.source}: Core ML converts torch models (coremltools dropped its ONNX frontend); "
                 "give the .pt2 / TorchScript / pkg.module:factory the ONNX came from"
             )
-        inputs = [ct.TensorType(name=s.name, shape=s.shape, dtype=np.dtype(coreml_dtype(s.dtype)).type)
+        names = coreml_names([s.name for s in m.inputs + m.outputs])
+        inputs = [ct.TensorType(name=names[s.name], shape=s.shape, dtype=np.dtype(coreml_dtype(s.dtype)).type)
                   for s in m.inputs]
-        outputs = [ct.TensorType(name=s.name, dtype=np.float32) for s in m.outputs]
+        outputs = [ct.TensorType(name=names[s.name], dtype=np.float32) for s in m.outputs]
         target = getattr(ct.target, f"iOS{ios}")
         precision = ct.precision.FLOAT32 if job.precision == "fp32" else ct.precision.FLOAT16
         route = "torch.export"
@@ -239,13 +242,14 @@ class CoreMLConverter:
 
     def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner:
         pkg = job.out_dir / artifact.primary
+        rn = coreml_names([s.name for s in job.model.inputs + job.model.outputs])
         if _can_predict():
             ct = _ct()
             model = ct.models.MLModel(str(pkg))
-            names = [s.name for s in job.model.outputs]
+            names = [rn[s.name] for s in job.model.outputs]
 
             def predict(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-                out = model.predict({k: v.astype(np.float32) for k, v in feeds.items()})
+                out = model.predict({rn[k]: v.astype(np.float32) for k, v in feeds.items()})
                 return [np.asarray(out[n], dtype=np.float32) for n in names]
 
             return predict
@@ -256,7 +260,7 @@ class CoreMLConverter:
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             n = next(iter(feeds.values())).shape[0]
-            parts = [interp({k: v[i:i + batch] for k, v in feeds.items()}) for i in range(0, n, batch)]
+            parts = [interp({rn[k]: v[i:i + batch] for k, v in feeds.items()}) for i in range(0, n, batch)]
             return [np.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]
 
         return run
@@ -354,6 +358,31 @@ def _source_location(node: Any) -> str:
     return f"{path}:{line} in {fn} ({code.strip()[:80]})"
 
 
+_MIL_RESERVED = {"any", "bool", "program", "func", "tensor", "list", "dict", "tuple", "true", "false", "string",
+                 "bf16", "fp16", "fp32", "fp64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
+                 "uint64", "state"}
+
+
+def coreml_names(names: list[str]) -> dict[str, str]:
+    """Core ML feature names for the model's input / output names: MIL takes ``[A-Za-z_][A-Za-z0-9_]*``
+    (coremltools' NameSanitizer would rename ``x.1`` or ``save_infer_model/scale_0.tmp_1`` silently; edgekit
+    names them itself, the same way, and records the mapping as the manifest's ``runtime_name``)."""
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for n in names:
+        new = re.sub(r"[^A-Za-z0-9_]", "_", n)
+        if re.match(r"[^A-Za-z_]", new):
+            new = "_" + new
+        if new in _MIL_RESERVED:
+            new += "_workaround"
+        base, k = new, 0
+        while new in used:
+            new, k = f"{base}_{k}", k + 1
+        used.add(new)
+        out[n] = new
+    return out
+
+
 def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int) -> dict[str, Any]:
     """Static checks of the saved package; raises ConversionError where it does not match the request."""
     from edgekit.converters import coreml_mil as cm
@@ -365,9 +394,10 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int) 
     except Exception as exc:
         raise ConversionError(f"{pkg}: the saved package does not load back ({type(exc).__name__}: {exc})") from None
     problems = []
+    rn = coreml_names([s.name for s in job.model.inputs + job.model.outputs])
     for kind, specs in (("input", job.model.inputs), ("output", job.model.outputs)):
         got = sig[f"{kind}s"]
-        want = [{"name": s.name, "shape": list(s.shape), "dtype": coreml_dtype(s.dtype)} for s in specs]
+        want = [{"name": rn[s.name], "shape": list(s.shape), "dtype": coreml_dtype(s.dtype)} for s in specs]
         if [(g["name"], g["shape"], g["dtype"]) for g in got] != [(w["name"], w["shape"], w["dtype"]) for w in want]:
             problems.append(f"{kind}s are {got}, the source model has {want}")
     weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision)

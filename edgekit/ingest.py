@@ -62,6 +62,8 @@ class Model:
     onnx_path: Path | None = None  # float ONNX, for onnx kind or once exported
     tf_model: Any = None  # keras.Model, or the object tf.saved_model.load returned (keeps its variables alive)
     tf_function: Any = None  # tf ConcreteFunction: positional inputs (static shapes) -> tuple of outputs
+    onnx_prep: Any = None  # edgekit.onnx_bridge.Prepared: how an ONNX file was made static (steps, consts)
+    bridge: str | None = None  # "onnx2torch 1.5.15": an ONNX model rebuilt in torch for a torch-only converter
     _reference: Any = field(default=None, repr=False, compare=False)  # made once: an ONNX model's is a session
 
     @property
@@ -89,7 +91,7 @@ class Model:
                 return [np.asarray(o) for o in outs]
 
             return run_tf
-        if self.is_torch:
+        if self.is_torch and self.bridge is None:  # a bridged ONNX model's reference stays onnxruntime
             torch = require("torch")
             mod = self.torch_module
 
@@ -139,9 +141,14 @@ def load_model(
     source: str | Path,
     input_shapes: list[str] | None = None,
     trust_pickle: bool = False,
+    consts: list[str] | None = None,
 ) -> Model:
-    """Load ``source`` and fix its input spec. Raises :class:`ModelLoadError` on bad files."""
+    """Load ``source`` and fix its input spec. Raises :class:`ModelLoadError` on bad files.
+    ``consts`` (``name=value``, ONNX only) folds inputs into the graph as constants."""
     shapes = parse_shapes(input_shapes)
+    if consts and not str(source).lower().endswith(".onnx"):
+        raise InputSpecError("--const folds an input of an ONNX model into its graph; this model is not ONNX "
+                             "(fix the value in the model's code before exporting it)")
     src = str(source)
     path = Path(src)
     if not path.exists() and FACTORY_RE.match(src):
@@ -159,7 +166,7 @@ def load_model(
         raise ModelLoadError(f"{src} is empty; re-save the model")
     suffix = path.suffix.lower()
     if suffix == ".onnx":
-        return _load_onnx(path, shapes)
+        return _load_onnx(path, shapes, consts)
     if suffix in (".pt2", ".pt", ".pth", ".ts", ".torchscript", ".jit"):
         return _load_torch_file(path, shapes, trust_pickle)
     if suffix in KERAS_SUFFIXES:
@@ -190,11 +197,12 @@ def check_target_takes(model: Model | str | Path, target: Any) -> None:
     if kind is None or target is None:
         return
     info = converter_info(target.converter)
-    if kind in info.inputs:
+    if kind in info.inputs or (kind == "onnx" and takes_via_bridge(info)):
         return
     from edgekit.profiles import list_targets
 
-    takers = sorted(t.name for t in list_targets() if kind in CONVERTERS[t.converter].inputs)
+    takers = sorted(t.name for t in list_targets() if kind in CONVERTERS[t.converter].inputs
+                    or (kind == "onnx" and takes_via_bridge(CONVERTERS[t.converter])))
     what = {"keras": "Keras", "saved_model": "SavedModel", "onnx": "ONNX"}.get(kind, kind)
     fix = info.inputs_hint or "export it to a format the target takes"
     if kind in TF_KINDS:
@@ -203,6 +211,23 @@ def check_target_takes(model: Model | str | Path, target: Any) -> None:
         f"{source}: {what} input is supported for --target {', '.join(takers) or '(none)'} only, not "
         f"{target.name} (its converter {target.converter!r} takes {', '.join(info.inputs)}); {fix}"
     )
+
+
+def takes_via_bridge(info: Any) -> bool:
+    """A converter that reads torch takes ONNX through the onnx2torch bridge (edgekit.onnx_bridge)."""
+    return "onnx" not in info.inputs and "exported_program" in info.inputs
+
+
+def for_converter(model: Model, target: Any) -> Model:
+    """The model as the target's converter reads it: an ONNX model bridged to torch where the converter
+    takes torch but not ONNX; otherwise the model itself."""
+    from edgekit.converters import converter_info
+
+    if model.kind == "onnx" and target is not None and takes_via_bridge(converter_info(target.converter)):
+        from edgekit.onnx_bridge import bridge_model
+
+        return bridge_model(model, model.source)
+    return model
 
 
 # ---------------------------------------------------------------- torch
@@ -387,7 +412,12 @@ def _finish_torch(model: Model) -> Model:
 _ONNX_DTYPES = {1: "float32", 10: "float16", 11: "float64", 7: "int64", 6: "int32", 3: "int8", 2: "uint8", 9: "bool"}
 
 
-def _load_onnx(path: Path, shapes) -> Model:
+def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
+    """An ONNX file, prepared (edgekit.onnx_bridge.prepare): every input static, ``--const`` inputs folded,
+    opset >= 13, constants folded. The prepared graph is what the targets convert and the float reference
+    runs; it is checked against the file as given (onnxruntime, seeded inputs) before anything uses it."""
+    from edgekit.onnx_bridge import parse_consts, prepare, scratch_dir
+
     onnx = require("onnx")
     digest = sha256_file(path)
     try:
@@ -398,47 +428,51 @@ def _load_onnx(path: Path, shapes) -> Model:
             f"{path}: not a valid ONNX model ({type(exc).__name__}: {str(exc).splitlines()[0][:200]}); "
             "is the file complete? re-export it"
         ) from None
-    init_names = {i.name for i in proto.graph.initializer}
-    graph_inputs = [i for i in proto.graph.input if i.name not in init_names]
-    if shapes and len(shapes) != len(graph_inputs):
-        raise InputSpecError(f"{path}: the model has {len(graph_inputs)} input(s), --input-shape gave {len(shapes)}")
-    inputs = []
-    for i, vi in enumerate(graph_inputs):
-        tt = vi.type.tensor_type
-        dims = [d.dim_value if d.HasField("dim_value") else None for d in tt.shape.dim]
-        dtype = _ONNX_DTYPES.get(tt.elem_type, f"onnx-type-{tt.elem_type}")
-        if shapes:
-            shape = shapes[i][1]
-            fixed = [d for d in dims]
-            if len(shape) != len(dims) or any(d is not None and d != s for d, s in zip(fixed, shape, strict=False)):
-                raise InputSpecError(
-                    f"{path}: input {vi.name!r} has shape {[d if d else '?' for d in dims]}, "
-                    f"--input-shape {list(shape)} does not fit it"
-                )
-        elif all(d is not None for d in dims):
-            shape = tuple(dims)
-        elif dims and dims[0] is None and all(d is not None for d in dims[1:]):
-            shape = (1, *dims[1:])  # dynamic batch: edge deployment runs batch 1
-        else:
-            raise InputSpecError(
-                f"{path}: input {vi.name!r} has dynamic dimensions {[d if d else '?' for d in dims]}; "
-                "give --input-shape"
-            )
-        inputs.append(TensorSpec(vi.name, tuple(int(d) for d in shape), dtype))
-    outputs = []
-    for vo in proto.graph.output:
-        tt = vo.type.tensor_type
-        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in tt.shape.dim)
-        outputs.append(TensorSpec(vo.name, dims, _ONNX_DTYPES.get(tt.elem_type, "float32")))
-    model = Model(str(path), "onnx", digest, inputs, outputs, onnx_path=path)
+    const_values = parse_consts(consts)
+    prep = prepare(path, proto, shapes, const_values)
+    prepared = scratch_dir() / f"{digest[:16]}-prepared.onnx"
+    onnx.save(prep.proto, str(prepared))
+    inputs = [TensorSpec(n, s, d) for n, s, d in prep.inputs]
+    outputs = [TensorSpec(vo.name, tuple(d.dim_value if d.HasField("dim_value") else -1
+                                        for d in vo.type.tensor_type.shape.dim),
+                          _ONNX_DTYPES.get(vo.type.tensor_type.elem_type, "float32"))
+               for vo in prep.proto.graph.output]
+    model = Model(str(path), "onnx", digest, inputs, outputs, onnx_path=prepared, onnx_prep=prep)
+    rng = np.random.default_rng(0)
+    feeds = {s.name: (rng.random(s.shape) if s.dtype.startswith("float") else np.zeros(s.shape)).astype(s.dtype)
+             for s in inputs}
     try:
-        outs = model.reference()(model.example_feeds())
+        outs = model.reference()(feeds)
     except Exception as exc:
         raise ModelLoadError(
-            f"{path}: onnxruntime cannot run the model ({type(exc).__name__}: {str(exc).splitlines()[0][:240]})"
+            f"{path}: onnxruntime cannot run the model at the given shapes ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0][:240]}); check --input-shape / --const"
         ) from None
+    if prep.steps and not prep.quantized_ops:  # the prepared graph must compute what the file computes
+        ort = require("onnxruntime")
+        given = dict(feeds)
+        given.update({k: np.asarray(v, dtype=_input_dtype(proto, k)) for k, v in prep.consts.items()})
+        try:
+            orig = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            want = orig.run(None, {k: v for k, v in given.items() if k in {i.name for i in orig.get_inputs()}})
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: onnxruntime cannot run the file as given ({type(exc).__name__}: "
+                                 f"{str(exc).splitlines()[0][:200]})") from None
+        for o, a, b in zip(outputs, outs, want, strict=True):
+            if a.shape != b.shape or not np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True):
+                raise ModelLoadError(
+                    f"{path}: preparing the graph ({'; '.join(prep.steps)}) changed output {o.name!r} "
+                    f"(max difference {float(np.max(np.abs(a.astype(np.float64) - b))) if a.shape == b.shape else 'shape'}); "
+                    "a limitation of edgekit's ONNX preparation: report it with the model")
     model.outputs = [TensorSpec(o.name, tuple(a.shape), str(a.dtype)) for o, a in zip(outputs, outs, strict=True)]
     return model
+
+
+def _input_dtype(proto, name: str) -> str:
+    for i in proto.graph.input:
+        if i.name == name:
+            return _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "float32")
+    return "float32"
 
 
 # ---------------------------------------------------------------- Keras / TensorFlow SavedModel

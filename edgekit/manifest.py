@@ -43,6 +43,7 @@ class GoldenTensor(_Record):
     shape: list[int]
     dtype: str
     kind: str | None = None  # outputs: class | regression | mask | index (how the board judges it too)
+    runtime_name: str | None = None  # the name in the artifact where its format renamed it (Core ML: x.1 -> x_1)
 
 
 class Golden(_Record):

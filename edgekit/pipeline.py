@@ -76,6 +76,7 @@ def convert(
     eval_data: str | None = None,
     input_shape: list[str] | None = None,
     trust_pickle: bool = False,
+    consts: list[str] | None = None,
     board_set: list[str] | None = None,
     opset: int | None = None,
     golden_count: int = stages.GOLDEN_DEFAULT,
@@ -128,11 +129,11 @@ def convert(
     with work_dir("edgekit-") as tmp:
         work = Path(tmp)
         with clock.stage("ingest"):
-            ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb)
+            ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb, consts)
         with clock.stage("analyze"):
-            an = stages.analyze(ing, tgt, work, opset, options, _warn, analysis)
+            an = stages.analyze(ing, tgt, work, opset, options, _warn, analysis, precision)
         with clock.stage("plan"):
-            planned = stages.plan(ing, an, tgt, brd, precision, log)
+            planned = stages.plan(ing, an, tgt, brd, precision, log, options)
         with clock.stage("compress"):
             comp = stages.compress(ing, planned, golden_count, _warn, output_kinds, eval_output)
         m = ing.model

@@ -193,6 +193,9 @@ class Target(_Strict):
     default_board: str | None = None
     opset: int | None = Field(default=None, ge=13)
     supported_ops: list[str] | None = Field(default=None, description="op types the target runs; None = not checked")
+    ops_precisions: list[Precision] | None = Field(
+        default=None, description="the precisions supported_ops / supported_tflite_ops hold for (e.g. a list of "
+        "int8 kernels); None = every precision")
     supported_tflite_ops: list[str] | None = Field(
         default=None, description="TFLite builtin ops the target runs, checked on the float .tflite of Keras / "
         "SavedModel input (analyzed as TFLite, not ONNX); None = not checked")

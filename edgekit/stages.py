@@ -34,7 +34,7 @@ from edgekit.converters import Artifact, ConvertJob, Runner, converter_info, fla
 from edgekit.data import Dataset, draw, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
 from edgekit.fsutil import data_dir, sha256_file
-from edgekit.ingest import Model, check_target_takes, load_model
+from edgekit.ingest import Model, check_target_takes, for_converter, load_model
 from edgekit.manifest import SCHEMA_VERSION, Manifest
 from edgekit.planner import Plan, plan_section
 from edgekit.profiles import Board, Target, Tolerance
@@ -141,10 +141,13 @@ def check_calibration(precision: str, given: bool) -> None:
 
 
 def ingest(model: str | Path | Model, target: Target, input_shape: list[str] | None, trust_pickle: bool,
-           calib: str | None, eval_data: str | None, max_data_mb: float | None) -> Ingested:
-    """ingest: the model (refused early when the target does not take its kind) and its data files."""
+           calib: str | None, eval_data: str | None, max_data_mb: float | None,
+           consts: list[str] | None = None) -> Ingested:
+    """ingest: the model (refused early when the target does not take its kind) and its data files. An ONNX
+    model for a converter that reads torch is bridged here (edgekit.onnx_bridge), checked against onnxruntime."""
     check_target_takes(model, target)  # Keras / SavedModel / ONNX: refused by name before loading a framework
-    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
+    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle, consts)
+    m = for_converter(m, target)
     calib_ds = random_dataset(m) if calib == "random" else (
         load_npz(calib, m, what="--calib", max_mb=max_data_mb) if calib else None)
     # labels are optional: without them --eval measures agreement with the float model on every sample
@@ -153,21 +156,26 @@ def ingest(model: str | Path | Model, target: Target, input_shape: list[str] | N
 
 
 def analyze(ing: Ingested, target: Target, work: Path, opset: int | None, options: dict[str, Any] | None,
-            warn: Callable[[str], None], given: tuple[ModelStats, Path] | None = None) -> Analysis:
+            warn: Callable[[str], None], given: tuple[ModelStats, Path] | None = None,
+            precision: str | None = None) -> Analysis:
     """analyze: per-layer stats and the float graph (torch -> ONNX, ONNX as given, Keras -> fp32 .tflite), and
     the op-support check against the target (refused here, or kept float where the converter allows it)."""
     stats, graph = given if given is not None else analyze_model(ing.model, work, target, opset)
-    refusal = op_refusal(stats, target, options, warn)
+    refusal = op_refusal(stats, target, options, warn, None if precision == "auto" else precision)
     if refusal:
         raise UnsupportedOpError(refusal)
     return Analysis(stats, graph)
 
 
 def op_refusal(stats: ModelStats, target: Target, options: dict[str, Any] | None,
-               warn: Callable[[str], None] = lambda m: None) -> str | None:
+               warn: Callable[[str], None] = lambda m: None, precision: str | None = None) -> str | None:
     """Why the target refuses the analyzed model's ops (None: it takes them). The one check behind both
-    convert's analyze stage and ``edgekit inspect --target``, so inspect predicts convert's refusal."""
+    convert's analyze stage and ``edgekit inspect --target``, so inspect predicts convert's refusal.
+    A target's op list may hold for some precisions only (``ops_precisions``: android's is its int8
+    kernels): at another precision it does not apply; with the precision unknown (auto) it is checked."""
     if not stats.unsupported:
+        return None
+    if precision is not None and target.ops_precisions is not None and precision not in target.ops_precisions:
         return None
     listed = ", ".join(f"{u['op']} (node {u['node']})" for u in stats.unsupported[:10])
     if flag_option(options, "allow_float_fallback"):
@@ -177,11 +185,14 @@ def op_refusal(stats: ModelStats, target: Target, options: dict[str, Any] | None
     fix = "replace them in the model or choose another target"
     if converter_info(target.converter).float_fallback:  # such ops can stay float (audited after converting)
         fix += ", or pass --option allow_float_fallback=true to keep them float"
-    return f"target {target.name} cannot run {len(stats.unsupported)} op(s): {listed}; {fix}"
+    at = f" at {', '.join(target.ops_precisions)}" if target.ops_precisions else ""
+    if target.ops_precisions:
+        fix += f", or choose --precision {next(p for p in target.precisions if p not in target.ops_precisions)}"
+    return f"target {target.name} cannot run {len(stats.unsupported)} op(s){at}: {listed}; {fix}"
 
 
 def plan(ing: Ingested, an: Analysis, target: Target, board: Board, precision: str,
-         log: Callable[[str], None]) -> Planned:
+         log: Callable[[str], None], options: dict[str, Any] | None = None) -> Planned:
     """plan: the precision; for ``auto`` the budget-driven planner picks it from the analysis."""
     chosen = None
     if precision == "auto":
@@ -190,6 +201,9 @@ def plan(ing: Ingested, an: Analysis, target: Target, board: Board, precision: s
         chosen = choose(ing.model, board, target, stats=an.stats, prunable=False)
         precision = chosen.precision
         log(f"plan: {chosen.reason}")
+        refusal = op_refusal(an.stats, target, options, log, precision) if target.ops_precisions else None
+        if refusal:
+            raise UnsupportedOpError(refusal)
     check_precision(precision, target, board)
     return Planned(precision, chosen, plan_section(an.stats, board, precision, chosen))
 
@@ -286,6 +300,10 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
         arrays[f"output_{i}"] = arr
         g_outputs.append({"name": spec.name, "key": f"output_{i}", "shape": list(arr.shape[1:]), "dtype": str(arr.dtype),
                           "kind": next((o.kind for o in verification.outputs if o.name == spec.name), None)})
+    renamed = artifact.meta.get("io_names") or {}  # a format that renamed the model's inputs / outputs
+    for g in g_inputs + g_outputs:
+        if renamed.get(g["name"], g["name"]) != g["name"]:
+            g["runtime_name"] = renamed[g["name"]]
     np.savez(out / GOLDEN_FILE, **arrays)
 
     runner_src = data_dir("firmware") / tgt.runner

@@ -28,3 +28,7 @@ ShapeOpt = Annotated[
     typer.Option("--input-shape", help="input shape, e.g. 1,3,224,224 or name:1,3,224,224 (repeat per input)"),
 ]
 
+ConstOpt = Annotated[
+    list[str] | None,
+    typer.Option("--const", help="ONNX: fold an input into the graph as a constant, e.g. sr=16000 (repeat per input)"),
+]

@@ -167,10 +167,11 @@ def compare(outputs, golden, manifest):
 
 
 def golden_feeds(golden, manifest):
-    """The golden inputs as model-sized batches: a list of {input name: array}."""
+    """The golden inputs as model-sized batches: a list of {input name: array} (the name in the artifact:
+    ``runtime_name`` where its format renamed the input)."""
     ins = manifest["golden"]["inputs"]
     bs = ins[0]["shape"][0]
-    return [{s["name"]: golden[s["key"]][i:i + bs] for s in ins}
+    return [{s.get("runtime_name") or s["name"]: golden[s["key"]][i:i + bs] for s in ins}
             for i in range(0, manifest["golden"]["samples"], bs)]
 
 

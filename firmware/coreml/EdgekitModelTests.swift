@@ -67,11 +67,11 @@ final class EdgekitModelTests: XCTestCase {
             for spec in inputs {
                 let shape = spec["shape"] as! [Int]
                 let arr = try golden.array(spec["key"] as! String)
-                feed[spec["name"] as! String] = MLFeatureValue(multiArray: try sample(arr, i, shape: shape))
+                feed[(spec["runtime_name"] as? String ?? spec["name"] as! String)] = MLFeatureValue(multiArray: try sample(arr, i, shape: shape))
             }
             let out = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: feed))
             for (k, spec) in outputs.enumerated() {
-                let value = try XCTUnwrap(out.featureValue(for: spec["name"] as! String)?.multiArrayValue,
+                let value = try XCTUnwrap(out.featureValue(for: (spec["runtime_name"] as? String ?? spec["name"] as! String))?.multiArrayValue,
                                           "model has no output \(spec["name"]!)")
                 got[k] += Self.floats(value)
             }
@@ -106,7 +106,7 @@ final class EdgekitModelTests: XCTestCase {
         var feed: [String: MLFeatureValue] = [:]
         for spec in g["inputs"] as! [[String: Any]] {
             let arr = try golden.array(spec["key"] as! String)
-            feed[spec["name"] as! String] = MLFeatureValue(multiArray: try sample(arr, 0, shape: spec["shape"] as! [Int]))
+            feed[(spec["runtime_name"] as? String ?? spec["name"] as! String)] = MLFeatureValue(multiArray: try sample(arr, 0, shape: spec["shape"] as! [Int]))
         }
         let provider = try MLDictionaryFeatureProvider(dictionary: feed)
         for _ in 0..<10 { _ = try model.prediction(from: provider) }  // warm-up (ANE load, caches)

@@ -71,7 +71,7 @@ def compute_plan(package, compute_units, log):
 
 
 def load_runtime(bundle, manifest, compute_units):
-    names = [o["name"] for o in manifest["golden"]["outputs"]]
+    names = [o.get("runtime_name") or o["name"] for o in manifest["golden"]["outputs"]]
     return CoreMLModel(os.path.join(bundle, manifest["artifact"]["primary"]), names, compute_units)
 
 
@@ -110,7 +110,8 @@ def main(argv=None, load=load_runtime):
     if model is not None:
         golden = np.load(os.path.join(bundle, manifest["golden"]["file"]))
         smoke.golden(model, golden)
-        feed = {s["name"]: golden[s["key"]][0:s["shape"][0]] for s in manifest["golden"]["inputs"]}
+        feed = {s.get("runtime_name") or s["name"]: golden[s["key"]][0:s["shape"][0]]
+                for s in manifest["golden"]["inputs"]}
         # this script never runs on the phone (the XCTest does): a Mac's latency, or a Linux host's
         # with an injected runtime, says nothing about the device's budget, so it is reported, not judged
         smoke.latency(lambda: model(feed), args.warmup, args.iters, judge=False, on_device=False,
