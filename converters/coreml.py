@@ -44,7 +44,7 @@ import numpy as np
 
 from edgekit.converters import Artifact, ConvertJob, Runner
 from edgekit.deps import require, toolchain_versions
-from edgekit.errors import ConversionError, ProfileError, UnsupportedOpError
+from edgekit.errors import ConversionError, HostCannotError, ProfileError, UnsupportedOpError
 
 PRIMARY = "model.mlpackage"
 EXTRA = "ios"
@@ -100,7 +100,7 @@ class CoreMLConverter:
         comp = COMPRESSIONS[job.precision]
         ios = deployment_target(job)
         if comp.method == "w8a8" and sys.platform != "darwin":
-            raise ConversionError(
+            raise HostCannotError(
                 "precision int8 (W8A8) calibrates activations by running Core ML predict, which exists only on macOS; "
                 "run this conversion on a Mac, or choose int8-weight or int4-weight on Linux"
             )

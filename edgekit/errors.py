@@ -45,3 +45,8 @@ class VerificationError(EdgekitError):
 
 class OutputError(EdgekitError):
     """The output path cannot be written (exists and is not an edgekit output, ...)."""
+
+
+class HostCannotError(ConversionError):
+    """The target takes the model, but this host cannot build or check it (e.g. Core ML W8A8 calibration runs
+    Core ML predict, macOS only): a limitation of the host, not of the model or the target."""

@@ -429,7 +429,8 @@ def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
             "is the file complete? re-export it"
         ) from None
     const_values = parse_consts(consts)
-    prep = prepare(path, proto, shapes, const_values)
+    given_dtypes = {i.name: _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "float32") for i in proto.graph.input}
+    prep = prepare(path, proto, shapes, const_values)  # edits proto
     prepared = scratch_dir() / f"{digest[:16]}-prepared.onnx"
     onnx.save(prep.proto, str(prepared))
     inputs = [TensorSpec(n, s, d) for n, s, d in prep.inputs]
@@ -451,7 +452,7 @@ def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
     if prep.steps and not prep.quantized_ops:  # the prepared graph must compute what the file computes
         ort = require("onnxruntime")
         given = dict(feeds)
-        given.update({k: np.asarray(v, dtype=_input_dtype(proto, k)) for k, v in prep.consts.items()})
+        given.update({k: np.asarray(v, dtype=given_dtypes[k]) for k, v in prep.consts.items()})
         try:
             orig = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
             want = orig.run(None, {k: v for k, v in given.items() if k in {i.name for i in orig.get_inputs()}})
@@ -466,13 +467,6 @@ def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
                     "a limitation of edgekit's ONNX preparation: report it with the model")
     model.outputs = [TensorSpec(o.name, tuple(a.shape), str(a.dtype)) for o, a in zip(outputs, outs, strict=True)]
     return model
-
-
-def _input_dtype(proto, name: str) -> str:
-    for i in proto.graph.input:
-        if i.name == name:
-            return _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "float32")
-    return "float32"
 
 
 # ---------------------------------------------------------------- Keras / TensorFlow SavedModel

@@ -128,6 +128,8 @@ def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
         dims = _dims(vi) if tt.HasField("shape") else None
         if vi.name in consts:
             value = consts[vi.name].astype(dtype)
+            if dims is not None and value.size == 1 and len(dims) > 1:  # a scalar fills the input (h=0: zero state)
+                value = np.full([d if isinstance(d, int) else 1 for d in dims], value.reshape(-1)[0], dtype=dtype)
             if dims is not None and value.ndim != len(dims) and not (value.size == 1 and len(dims) <= 1):
                 raise InputSpecError(f"{path}: --const {vi.name}: the input has shape {_show(dims)}, "
                                      f"the value has {value.size} element(s)")

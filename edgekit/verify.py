@@ -52,6 +52,9 @@ class Verification:
     converted_accuracy_ci95: tuple[float, float] | None = None
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    # agreement with the float model on the held-out eval samples, per output (reported, not gating): its kind's
+    # metrics (class: top1_agreement; regression / mask: snr_db, cosine, iou ...) and max_rel_error
+    eval_agreement: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -178,6 +181,11 @@ def verify(
         n = sum(len(next(iter(f.values()))) for f in efeeds)
         fref, fgot = run_all(reference, efeeds), run_all(artifact, efeeds)
         v.eval_samples = n
+        for i, name in enumerate(names):
+            c = smoke.check_output(name, kinds[name], fref[i], fgot[i], tol_d, precision)
+            v.eval_agreement[name] = {k: float(c[k]) for k in ("top1_agreement", "snr_db", "cosine", "iou",
+                                                                "exact_match", "max_rel_error")
+                                      if c.get(k) is not None and np.isfinite(c[k])}
         if eval_data.labels is None:  # no labels: agreement with the float model on every eval sample
             for i, name in enumerate(names):
                 if kinds[name] == "class":

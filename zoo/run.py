@@ -1,0 +1,157 @@
+"""The conformance run: every zoo model x target x precision through inspect + convert, each cell in its own
+process (a crash or a hang stays in its cell), and the table in Markdown and JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.zoo import ZooModel, cache_dir, fetch, select
+from edgekit.zoo import data as zdata
+
+# per target: the float precision (its default float path) and int8
+CELLS: dict[str, list[str]] = {"jetson": ["fp32", "int8"], "android": ["fp32", "int8"], "ios": ["fp16", "int8"],
+                               "fpga": ["int8"]}
+CELL_TIMEOUT_S = 900
+
+
+def prepare_data(m: ZooModel, log=lambda s: None) -> Path:
+    """The model's real inputs as ``<cache>/data/<name>.npz`` (built once)."""
+    dest = cache_dir() / "data" / f"{m.name}.npz"
+    if dest.is_file():
+        return dest
+    files = {}
+    if m.data.startswith("oww_"):
+        files = {n: fetch(z) for z in select(["oww-melspec", "oww-embedding"]) for n in [z.name]}
+    log(f"{m.name}: building inputs ({m.data})")
+    arr = zdata.build(m.data, cache_dir(), files)
+    name = _first_input(m)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.stem + ".part.npz")
+    np.savez(tmp, **{name: arr})
+    tmp.replace(dest)
+    return dest
+
+
+def _first_input(m: ZooModel) -> str:
+    """The input the recipe feeds (the zoo's models have one input besides their --const ones)."""
+    if m.input_shape:
+        head = m.input_shape[0]
+        if ":" in head.split(",")[0]:
+            return head.split(":")[0]
+    if m.factory:
+        return "input_0"
+    import onnx
+
+    proto = onnx.load(str(fetch(m)), load_external_data=False)
+    init = {i.name for i in proto.graph.initializer}
+    consts = {c.split("=")[0] for c in m.const}
+    return next(i.name for i in proto.graph.input if i.name not in init and i.name not in consts)
+
+
+def run_cell(m: ZooModel, target: str, precision: str, data: Path, out: Path, timeout: int = CELL_TIMEOUT_S) -> dict:
+    src = m.factory or str(fetch(m))
+    spec = {"model": src, "target": target, "precision": precision, "out": str(out / f"{m.name}-{target}-{precision}"),
+            "data": str(data), "input_shape": m.input_shape, "const": m.const,
+            "output_kinds": dict(k.split("=", 1) for k in m.output_kind)}
+    t0 = time.perf_counter()
+    env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
+    try:
+        proc = subprocess.run([sys.executable, "-m", "edgekit.zoo.cell", json.dumps(spec)], capture_output=True,
+                              text=True, timeout=timeout, env=env)
+    except subprocess.TimeoutExpired:
+        return {"status": "failed", "error": "timeout", "reason": f"no result within {timeout} s",
+                "seconds": round(time.perf_counter() - t0, 1)}
+    line = next((ln for ln in proc.stdout.splitlines()[::-1] if ln.startswith("ZOO-CELL ")), None)
+    if line is None:
+        tb = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        return {"status": "failed", "error": "traceback", "traceback": True,
+                "reason": (tb[-1] if tb else f"exit {proc.returncode}")[:400],
+                "seconds": round(time.perf_counter() - t0, 1)}
+    res = json.loads(line[len("ZOO-CELL "):])
+    res["seconds"] = round(time.perf_counter() - t0, 1)
+    res["traceback"] = False
+    return res
+
+
+def run(models: list[str] | None = None, targets: list[str] | None = None, out: Path = Path("zoo-results"),
+        log=print, precisions: list[str] | None = None) -> dict:
+    chosen = select(models)
+    targets = targets or list(CELLS)
+    out.mkdir(parents=True, exist_ok=True)
+    results = {"edgekit_zoo": 1, "cells": []}
+    prior = out / "results.json"
+    if prior.is_file():  # a run over a subset keeps the other cells
+        results = json.loads(prior.read_text())
+        keep = {(m.name, t) for m in chosen for t in targets}
+        results["cells"] = [c for c in results["cells"] if (c["model"], c["target"]) not in keep
+                            or (precisions and c["precision"] not in precisions)]
+    for m in chosen:
+        path = fetch(m, log) if not m.factory else None
+        data = prepare_data(m, log)
+        size = (path or fetch(m)).stat().st_size
+        for t in targets:
+            for p in CELLS[t]:
+                if precisions and p not in precisions:
+                    continue
+                res = run_cell(m, t, p, data, out / "builds")
+                res.update(model=m.name, target=t, precision=p, source_bytes=size)
+                if res.get("artifact_bytes"):
+                    res["size_ratio"] = round(res["artifact_bytes"] / size, 3)
+                results["cells"].append(res)
+                log(f"{m.name:16} {t:8} {p:5} {res['status']:8} {res['seconds']:6.1f}s  "
+                    f"{(res.get('reason') or '')[:110]}")
+                (out / "results.json").write_text(json.dumps(results, indent=1, default=str))
+    (out / "zoo.md").write_text(render(results))
+    return results
+
+
+def _agree(c: dict) -> str:
+    parts = []
+    for name, a in (c.get("eval_agreement") or {}).items():
+        if "top1_agreement" in a:
+            parts.append(f"top-1 {a['top1_agreement']:.1%}")
+        elif "snr_db" in a:
+            parts.append(f"SNR {a['snr_db']:.0f} dB")
+        elif "iou" in a:
+            parts.append(f"IoU {a['iou']:.2f}")
+        if len(parts) == 2:
+            break
+    return ", ".join(parts) + (f" ({c['eval_samples']})" if parts and c.get("eval_samples") else "") or "—"
+
+
+def render(results: dict) -> str:
+    cells = results["cells"]
+    lines = ["| model | target | precision | status | float agreement on held-out inputs | max rel err | size × | time | reason |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for c in cells:
+        err = max((o["max_rel_error"] for o in c.get("outputs") or []), default=None)
+        reason = (c.get("reason") or "").replace("|", "/").replace("\n", " ")
+        lines.append(f"| {c['model']} | {c['target']} | {c['precision']} | {c['status']} | "
+                     f"{_agree(c) if c['status'] in ('pass', 'failed') and c.get('eval_agreement') else '—'} | "
+                     f"{'—' if err is None else f'{err:.2%}'} | {c.get('size_ratio', '—')} | {c['seconds']:.0f} s | "
+                     f"{reason[:220]} |")
+    tot = totals(cells)
+    lines += ["", f"Totals: {tot['cells']} cells; pass {tot['pass']}, refused {tot['refused']}, failed {tot['failed']}, "
+              f"tracebacks {tot['tracebacks']}. Float cells pass {tot['float_pass']}/{tot['float_cells']}; "
+              f"INT8 cells pass {tot['int8_pass']}/{tot['int8_cells']} "
+              f"({tot['int8_runnable']} not refused)."]
+    return "\n".join(lines) + "\n"
+
+
+def totals(cells: list[dict]) -> dict:
+    fl = [c for c in cells if c["precision"] != "int8"]
+    i8 = [c for c in cells if c["precision"] == "int8"]
+    return {"cells": len(cells), "pass": sum(c["status"] == "pass" for c in cells),
+            "refused": sum(c["status"] == "refused" for c in cells),
+            "failed": sum(c["status"] == "failed" for c in cells),
+            "tracebacks": sum(bool(c.get("traceback")) for c in cells),
+            "float_cells": len(fl), "float_pass": sum(c["status"] == "pass" for c in fl),
+            "int8_cells": len(i8), "int8_pass": sum(c["status"] == "pass" for c in i8),
+            "int8_runnable": sum(c["status"] != "refused" for c in i8)}
