@@ -186,6 +186,9 @@ def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
             raise ModelLoadError(f"{path}: folding the graph at the given shapes failed ({type(exc).__name__}: "
                                  f"{str(exc).splitlines()[0][:200]}); check --input-shape / --const") from None
         steps.append(f"constants folded at the fixed shapes (onnxslim): {before} -> {len(proto.graph.node)} nodes")
+        divs = _div_by_constant_to_mul(proto)
+        if divs:
+            steps.append(f"{divs} Div by a constant rewritten as Mul by its reciprocal (int8 kernels: MUL, not DIV)")
         selected = _if_to_where(proto)
         if selected:
             steps.append(f"If node(s) {', '.join(selected)} with a data-dependent condition: both branches computed, "
@@ -197,6 +200,32 @@ def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
     except Exception:  # shape inference is best effort; onnxruntime checks the graph next
         pass
     return Prepared(proto, out_inputs, consts_record, steps, opset, quantized)
+
+
+def _div_by_constant_to_mul(proto) -> int:
+    """``Div(x, c)`` with a float constant ``c`` (HardSwish as paddle2onnx writes it: ``x * clip(x + 3) / 6``)
+    becomes ``Mul(x, 1 / c)``: the quantizers annotate MUL with int8 kernels, not DIV. Within 1 ulp."""
+    from onnx import numpy_helper
+
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    users: dict[str, int] = {}
+    for n in graph.node:
+        for v in n.input:
+            users[v] = users.get(v, 0) + 1
+    done = 0
+    for n in graph.node:
+        if n.op_type != "Div" or n.domain not in ("", "ai.onnx") or len(n.input) != 2 or n.input[1] not in inits:
+            continue
+        c = numpy_helper.to_array(inits[n.input[1]])
+        if c.dtype.kind != "f" or not np.all(np.isfinite(c)) or np.any(c == 0):
+            continue
+        name = f"{n.input[1]}/reciprocal_{done}"
+        graph.initializer.append(numpy_helper.from_array((1.0 / c).astype(c.dtype), name))
+        n.op_type = "Mul"
+        n.input[1] = name
+        done += 1
+    return done
 
 
 def _if_to_where(proto) -> list[str]:

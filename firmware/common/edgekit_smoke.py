@@ -84,8 +84,9 @@ def infer_kind(ref, n_outputs):
 def check_output(name, kind, ref, got, tol, label=""):
     """One output of the converted model against the float model, judged by its kind's metric.
 
-    Every kind: max |error| against max(max_rel_error x output range, abs_floor) (an absolute floor, so a
-    tiny-range output is not failed on noise) and no NaN/Inf. ``class``: top-1 (and top-5) agreement;
+    Every kind: no NaN/Inf, and max |error| is reported. ``class`` and ``regression`` outputs must keep it
+    within max(max_rel_error x output range, abs_floor) (an absolute floor, so a tiny-range output is not
+    failed on noise); ``mask`` and ``index`` outputs are judged by their decisions. ``class``: top-1 (and top-5) agreement;
     ``regression``: SNR in dB (min_snr_db where the profile sets it) and cosine similarity; ``mask``: IoU at
     0.5 (min_iou); ``index``: exact match (min_exact). The host (edgekit.verify) and the board use this one
     function. Returns a dict: metrics, worst_sample, passed, failures."""
@@ -108,7 +109,9 @@ def check_output(name, kind, ref, got, tol, label=""):
     if bad:
         failures.append("output %r: %d non-finite value(s) (NaN/Inf) in the float or converted outputs on the "
                         "golden inputs" % (name, bad))
-    elif not err <= allowed:
+    elif not err <= allowed and kind in ("class", "regression"):
+        # a mask or index output is judged by its decision (IoU at 0.5, exact match), not its largest pixel error:
+        # one boundary pixel of a probability map moving from 0.45 to 0.55 is not a broken build
         failures.append("output %r: max error %.4g is %.2f%% of the output range %.4g (tolerance %.2f%%%s%s)" % (
             name, err, 100 * rel, scale, 100 * tol["max_rel_error"],
             (", floor %.3g" % floor) if floor else "", at))

