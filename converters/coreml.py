@@ -202,13 +202,26 @@ class CoreMLConverter:
                 with torch.no_grad():
                     source = torch.jit.trace(m.torch_module, example)
                 route = "torch.jit.trace (fallback)"
+        def run(src):
+            return ct.convert(src, inputs=inputs, outputs=outputs, convert_to="mlprogram",
+                              minimum_deployment_target=target, compute_precision=precision)
+
         try:
-            mlmodel = ct.convert(
-                source, inputs=inputs, outputs=outputs, convert_to="mlprogram",
-                minimum_deployment_target=target, compute_precision=precision,
-            )
+            mlmodel = run(source)
         except Exception as exc:  # coremltools raises NotImplementedError/ValueError/RuntimeError/AssertionError
-            raise _conversion_error(exc, source if ep is not None else None, m.source) from None
+            first = _conversion_error(exc, source if ep is not None else None, m.source)
+            if ep is None:
+                raise first from None
+            # coremltools' torch.export frontend lacks ops its TorchScript frontend has (aten.lstm): try that
+            example = tuple(torch.from_numpy(a) for a in m.example_feeds().values())
+            try:
+                with torch.no_grad():
+                    traced = torch.jit.trace(m.torch_module, example, check_trace=False)
+                mlmodel = run(traced)
+            except Exception:  # noqa: BLE001 - the torch.export route's error is the one to report
+                raise first from None
+            route = "torch.jit.trace (coremltools' torch.export frontend: " + str(first).split(";")[0][-120:] + ")"
+            job.log(f"Core ML: {route}")
         return mlmodel, route
 
     def _compress(self, job: ConvertJob, mlmodel, comp: Compression, threshold: int):

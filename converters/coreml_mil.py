@@ -387,7 +387,192 @@ _KERNELS: dict[str, Any] = {
     "expand_dims": lambda torch, a: _expand(a["x"], a["axes"]),
     "concat": lambda torch, a: torch.cat(list(a["values"]), dim=int(a["axis"])),
     "identity": lambda torch, a: a["x"],
+    # the ops the zoo's published models need (PP-OCR's FPN, openWakeWord, Silero VAD, Resemblyzer)
+    "conv_transpose": lambda torch, a: _conv_transpose(torch, a),
+    "upsample_nearest_neighbor": lambda torch, a: torch.nn.functional.interpolate(
+        a["x"], scale_factor=(float(a.get("scale_factor_height", 1)), float(a.get("scale_factor_width", 1))),
+        mode="nearest"),
+    "upsample_bilinear": lambda torch, a: torch.nn.functional.interpolate(
+        a["x"], scale_factor=(float(a.get("scale_factor_height", 1)), float(a.get("scale_factor_width", 1))),
+        mode="bilinear", align_corners=bool(a.get("align_corners", False))),
+    "pad": lambda torch, a: _mil_pad(torch, a),
+    "slice_by_index": lambda torch, a: _slice_by_index(torch, a),
+    "slice_by_size": lambda torch, a: a["x"][tuple(slice(b, None if z == -1 else b + z)
+                                                   for b, z in zip(a["begin"], a["size"], strict=True))],
+    "split": lambda torch, a: _split(torch, a),
+    "stack": lambda torch, a: torch.stack(list(a["values"]), dim=int(a["axis"])),
+    "tile": lambda torch, a: a["x"].repeat(list(a["reps"])),
+    "pow": lambda torch, a: torch.pow(torch.as_tensor(a["x"]), torch.as_tensor(a["y"])),
+    "sqrt": lambda torch, a: torch.sqrt(a["x"]),
+    "rsqrt": lambda torch, a: torch.rsqrt(a["x"] + float(a.get("epsilon", 1e-12))),
+    "exp": lambda torch, a: torch.exp(a["x"]),
+    "log": lambda torch, a: torch.log(a["x"] + float(a.get("epsilon", 1e-45))),
+    "abs": lambda torch, a: torch.abs(a["x"]),
+    "square": lambda torch, a: a["x"] * a["x"],
+    "inverse": lambda torch, a: 1.0 / (a["x"] + float(a.get("epsilon", 1e-4))),
+    "erf": lambda torch, a: torch.erf(a["x"]),
+    "elu": lambda torch, a: torch.nn.functional.elu(a["x"], float(a.get("alpha", 1.0))),
+    "softplus": lambda torch, a: torch.nn.functional.softplus(a["x"]),
+    "prelu": lambda torch, a: torch.where(a["x"] >= 0, a["x"],
+                                          a["x"] * a["alpha"].reshape([1, -1] + [1] * (a["x"].dim() - 2))),
+    "select": lambda torch, a: torch.where(torch.as_tensor(a["cond"]).bool(), torch.as_tensor(a["a"]),
+                                           torch.as_tensor(a["b"])),
+    "greater": lambda torch, a: torch.as_tensor(a["x"]) > torch.as_tensor(a["y"]),
+    "greater_equal": lambda torch, a: torch.as_tensor(a["x"]) >= torch.as_tensor(a["y"]),
+    "less": lambda torch, a: torch.as_tensor(a["x"]) < torch.as_tensor(a["y"]),
+    "less_equal": lambda torch, a: torch.as_tensor(a["x"]) <= torch.as_tensor(a["y"]),
+    "equal": lambda torch, a: torch.as_tensor(a["x"]) == torch.as_tensor(a["y"]),
+    "logical_not": lambda torch, a: ~torch.as_tensor(a["x"]).bool(),
+    "layer_norm": lambda torch, a: _layer_norm(torch, a),
+    "reduce_l2_norm": lambda torch, a: torch.sqrt(torch.sum(a["x"] * a["x"], dim=_axes(a, a["x"]),
+                                                            keepdim=bool(a.get("keep_dims", False)))),
+    "lstm": lambda torch, a: _lstm(torch, a),
+    "gather": lambda torch, a: _gather(torch, a),
+    "gather_along_axis": lambda torch, a: torch.gather(a["x"], int(a.get("axis", 0)),
+                                                       torch.as_tensor(a["indices"]).long() % a["x"].shape[
+                                                           int(a.get("axis", 0))]),
 }
+
+
+def _gather(torch, a):
+    x, axis = a["x"], int(a.get("axis", 0)) % a["x"].dim()
+    if int(a.get("batch_dims", 0) or 0):
+        raise VerificationError("MIL interpreter: gather with batch_dims is not handled")
+    idx = torch.as_tensor(a["indices"]).long()
+    flat = idx.reshape(-1) % x.shape[axis]
+    y = torch.index_select(x, axis, flat)
+    return y.reshape(list(x.shape[:axis]) + list(idx.shape) + list(x.shape[axis + 1:]))
+
+
+def _axes(a, x):
+    axes = a.get("axes")
+    return list(range(x.dim())) if axes is None else [int(d) for d in axes]
+
+
+def _conv_transpose(torch, a):
+    import torch.nn.functional as F
+
+    x, w = a["x"], a["weight"]  # weight: [C_in, C_out / groups, *kernel]
+    nd = w.dim() - 2
+    strides = list(a.get("strides") or [1] * nd)
+    dil = list(a.get("dilations") or [1] * nd)
+    pad = list(a.get("pad") or [0] * 2 * nd) if a.get("pad_type", "valid") == "custom" else [0] * 2 * nd
+    y = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}[nd](
+        x, w, a.get("bias"), stride=strides, dilation=dil, groups=int(a.get("groups") or 1))
+    idx = [slice(None), slice(None)] + [slice(pad[2 * i], y.shape[2 + i] - pad[2 * i + 1]) for i in range(nd)]
+    y = y[tuple(idx)]
+    shape = a.get("output_shape")
+    if shape is not None and list(y.shape[2:]) != list(shape)[-nd:]:
+        raise VerificationError(f"MIL interpreter: conv_transpose output {list(y.shape)} != {list(shape)}")
+    return y
+
+
+def _mil_pad(torch, a):
+    import torch.nn.functional as F
+
+    x, pad = a["x"], [int(p) for p in a["pad"]]  # [d0_begin, d0_end, ...] over the last len(pad) / 2 dims
+    k = len(pad) // 2
+    tp = []
+    for i in reversed(range(k)):
+        tp += [pad[2 * i], pad[2 * i + 1]]
+    mode = {"constant": "constant", "reflect": "reflect", "replicate": "replicate"}[a.get("mode", "constant")]
+    if mode == "constant":
+        return F.pad(x, tp, value=float(a.get("constant_val", 0.0)))
+    while len(tp) > 2 and tp[-2:] == [0, 0]:
+        tp = tp[:-2]
+    squeeze = 0
+    while x.dim() < len(tp) // 2 + 2:  # torch pads 1-3 spatial dims of a batched tensor
+        x, squeeze = x.unsqueeze(0), squeeze + 1
+    tp += [0, 0] * (x.dim() - 2 - len(tp) // 2)  # and wants a pair for each of them
+    y = F.pad(x, tp, mode=mode)
+    for _ in range(squeeze):
+        y = y.squeeze(0)
+    return y
+
+
+def _slice_by_index(torch, a):
+    x = a["x"]
+    n = x.dim()
+    begin, end = list(a["begin"]), list(a["end"])
+    stride = list(a.get("stride") or [1] * n)
+    bm = list(a.get("begin_mask") or [False] * n)
+    em = list(a.get("end_mask") or [False] * n)
+    sm = list(a.get("squeeze_mask") or [False] * n)
+    idx = []
+    for d in range(n):
+        st = int(stride[d])
+        b = None if bm[d] else int(begin[d])
+        e = None if em[d] else int(end[d])
+        if sm[d]:
+            idx.append(int(begin[d]))
+            continue
+        if st < 0:
+            rows = list(range(x.shape[d]))[slice(b, e, st)]
+            idx.append(torch.tensor(rows, dtype=torch.long))
+            continue
+        idx.append(slice(b, e, st))
+    out = x
+    for d in reversed(range(n)):  # one dim at a time: tensor indices on several dims would broadcast
+        full = [slice(None)] * d + [idx[d]]
+        out = out[tuple(full)]
+    return out
+
+
+def _split(torch, a):
+    x, axis = a["x"], int(a["axis"])
+    sizes = a.get("split_sizes")
+    if sizes is None:
+        sizes = [x.shape[axis] // int(a["num_splits"])] * int(a["num_splits"])
+    return tuple(torch.split(x, [int(s) for s in sizes], dim=axis))
+
+
+def _layer_norm(torch, a):
+    x = a["x"]
+    axes = _axes(a, x)
+    mean = x.mean(dim=axes, keepdim=True)
+    var = ((x - mean) ** 2).mean(dim=axes, keepdim=True)
+    y = (x - mean) / torch.sqrt(var + float(a.get("epsilon", 1e-5)))
+    if a.get("gamma") is not None:
+        y = y * a["gamma"]
+    if a.get("beta") is not None:
+        y = y + a["beta"]
+    return y
+
+
+def _lstm(torch, a):
+    """MIL lstm (iOS15 recurrent.lstm): x [T, B, I]; weights [4H, I] / [4H, H], gates ordered i, f, o, z;
+    bias [4H] (input + recurrent); initial_h / initial_c [B, D*H]; outputs (y, h, c)."""
+    if a.get("peephole") is not None or a.get("clip") is not None:
+        raise VerificationError("MIL interpreter: lstm with peepholes or clip is not handled")
+    acts = (a.get("recurrent_activation", "sigmoid"), a.get("cell_activation", "tanh"), a.get("activation", "tanh"))
+    if acts != ("sigmoid", "tanh", "tanh"):
+        raise VerificationError(f"MIL interpreter: lstm activations {acts} are not handled")
+    x = a["x"]
+    T, B = x.shape[0], x.shape[1]
+    H = a["weight_hh"].shape[1]
+    direction = a.get("direction", "forward")
+    dirs = [("f", a["weight_ih"], a["weight_hh"], a.get("bias"))]
+    if direction == "bidirectional":
+        dirs.append(("b", a["weight_ih_back"], a["weight_hh_back"], a.get("bias_back")))
+    elif direction == "reverse":
+        dirs = [("b", a["weight_ih"], a["weight_hh"], a.get("bias"))]
+    h0 = a["initial_h"].reshape(B, -1)
+    c0 = a["initial_c"].reshape(B, -1)
+    ys, hs, cs = [], [], []
+    for k, (way, wi, wh, b) in enumerate(dirs):
+        h, c = h0[:, k * H:(k + 1) * H], c0[:, k * H:(k + 1) * H]
+        steps = range(T) if way == "f" else range(T - 1, -1, -1)
+        seq = [None] * T
+        for t in steps:
+            g = x[t] @ wi.T + h @ wh.T + (0 if b is None else b)
+            i, f, o, z = g.split(H, dim=1)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(z)
+            h = torch.sigmoid(o) * torch.tanh(c)
+            seq[t] = h
+        ys.append(torch.stack(seq) if a.get("output_sequence", False) else h.unsqueeze(0))
+        hs.append(h)
+        cs.append(c)
+    return torch.cat(ys, dim=-1), torch.cat(hs, dim=-1), torch.cat(cs, dim=-1)
 
 
 def _squeeze(x, axes):

@@ -495,7 +495,8 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
                     b = max(0, min(n - 1, b + n if b < 0 else b))
                     e = max(-1, min(n - 1, e + n if e < 0 else e))
                     backward.append((a % x.dim(), list(range(b, e, st))))
-            x = x[tuple(idx)]
+            if any(i != slice(None) for i in idx):  # a no-op slice would trace to aten.alias (Core ML has none)
+                x = x[tuple(idx)]
             for a, rows in backward:
                 x = torch.index_select(x, a, torch.tensor(rows, dtype=torch.long))
             return x

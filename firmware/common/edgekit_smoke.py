@@ -107,8 +107,10 @@ def check_output(name, kind, ref, got, tol, label=""):
            "worst_sample": int(np.argmax(per_sample)) if per_sample.size and not bad else None, "samples": n}
     failures = []
     if bad:
-        failures.append("output %r: %d non-finite value(s) (NaN/Inf) in the float or converted outputs on the "
-                        "golden inputs" % (name, bad))
+        ref_bad = int(np.count_nonzero(~np.isfinite(ref64)))
+        where = "the float model's outputs" if ref_bad else "the converted outputs (the float model's are finite%s)" % (
+            ": an fp16 overflow? try fp32" if "fp16" in label else "")
+        failures.append("output %r: %d non-finite value(s) (NaN/Inf) in %s on the golden inputs" % (name, bad, where))
     elif not err <= allowed and kind in ("class", "regression"):
         # a mask or index output is judged by its decision (IoU at 0.5, exact match), not its largest pixel error:
         # one boundary pixel of a probability map moving from 0.45 to 0.55 is not a broken build
