@@ -538,8 +538,19 @@ def _load_saved_model(path: Path, shapes, trust_pickle: bool = False) -> Model:
     try:
         loaded = tf.saved_model.load(str(path))
     except Exception as exc:
+        why = first_line(exc)
+        if "add_slot" in why or "_UserObject" in why:  # a Keras 2 (tf.keras) model saved with its optimizer
+            import os
+
+            legacy = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
+            raise ModelLoadError(
+                f"{path}: this SavedModel was written by Keras 2 (tf.keras), which Keras 3 cannot read back "
+                f"({type(exc).__name__}: {why[:120]}); " + (
+                    "TF_USE_LEGACY_KERAS=1 is set: pip install tf-keras matching your TensorFlow" if legacy else
+                    "pip install tf-keras matching your TensorFlow and run with TF_USE_LEGACY_KERAS=1")
+            ) from None
         raise ModelLoadError(
-            f"{path}: TensorFlow cannot load the SavedModel ({type(exc).__name__}: {first_line(exc)}); "
+            f"{path}: TensorFlow cannot load the SavedModel ({type(exc).__name__}: {why}); "
             "is the folder complete? re-export it (model.export(folder) or tf.saved_model.save)"
         ) from None
     sigs = dict(getattr(loaded, "signatures", {}) or {})

@@ -402,11 +402,13 @@ def _register_extra_converters() -> None:
         """Reshape to a shape known when converting (onnx2torch's reads the shape tensor at run time, which
         torch.export cannot trace: a data-dependent guard)."""
 
-        def __init__(self, shape: tuple[int, ...]):
+        def __init__(self, shape: tuple[int, ...], allowzero: bool = False):
             super().__init__()
-            self.shape = shape
+            self.shape, self.allowzero = shape, allowzero
 
         def forward(self, x):
+            if self.allowzero:  # 0 is a zero-size dimension, not "copy the input's"
+                return torch.reshape(x, list(self.shape))
             return torch.reshape(x, [x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)])
 
     from onnx2torch.node_converters import registry
@@ -420,9 +422,10 @@ def _register_extra_converters() -> None:
 
     def reshape(node, graph):
         shape = node.input_values[1] if len(node.input_values) > 1 else ""
-        if shape in graph.initializers and not node.attributes.get("allowzero", 0):
+        if shape in graph.initializers:
             dims = tuple(int(d) for d in graph.initializers[shape].to_numpy().reshape(-1))
-            return OperationConverterResult(torch_module=StaticReshape(dims),
+            allowzero = bool(node.attributes.get("allowzero", 0))  # torch.onnx's exporter writes allowzero=1
+            return OperationConverterResult(torch_module=StaticReshape(dims, allowzero),
                                             onnx_mapping=OnnxMapping(inputs=(node.input_values[0],),
                                                                      outputs=tuple(node.output_values)))
         return None
@@ -707,11 +710,12 @@ def to_torch(proto, source: str):
         import re
 
         m = re.search(r"operation_type='(\w+)', version=(\d+)", msg)
-        what = f"ONNX op {m.group(1)} (opset {m.group(2)})" if m else msg.splitlines()[0][:160]
+        what = (f"ONNX op {m.group(1)} (opset {m.group(2)}) has no torch translation" if m else
+                f"a node cannot be translated ({msg.splitlines()[0][:160]})")
         raise UnsupportedOpError(
-            f"{source}: {what} has no torch translation in onnx2torch {onnx2torch_version()}, the bridge edgekit uses "
-            "for this target (a limitation of the bridge, not of the target); convert for --target jetson, or "
-            "replace that op in the model") from None
+            f"{source}: {what} in onnx2torch {onnx2torch_version()}, the bridge edgekit uses for this target (a "
+            "limitation of the bridge, not of the target); convert for --target jetson, or replace that op in the "
+            "model") from None
     except Exception as exc:  # onnx2torch raises KeyError / AttributeError on graphs it cannot read
         raise ModelLoadError(
             f"{source}: the ONNX -> torch bridge (onnx2torch {onnx2torch_version()}) failed "
