@@ -43,6 +43,9 @@ class _Options(BaseModel):
 
 class TensorRTOptions(_Options):
     keep_float_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept out of INT8")
+    calibration: Literal["minmax", "percentile"] = Field(
+        "minmax", description="INT8 activation ranges: minmax (the observed range) or percentile (clips the rare "
+        "outliers at the 99.999th percentile of |x|)")
 
     @field_validator("keep_float_nodes", mode="before")
     @classmethod

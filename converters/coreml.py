@@ -106,6 +106,18 @@ class CoreMLConverter:
             )
         t0 = time.perf_counter()
         mlmodel, source_route = self._convert_torch(job, ct, ios)
+        kept_fp32: dict[str, float] = {}
+        if job.precision != "fp32" and fp16_overflow(job, mlmodel):
+            # some values exceed fp16's range: convert at fp32 (stable op names), measure each op there, and run
+            # coremltools' fp16 pass on that program with the ops that take or make such values left in fp32
+            m32, source_route = self._convert_torch(job, ct, ios, force_fp32=True)
+            kept_fp32 = fp16_overflow(job, m32)
+            keep = frozenset(kept_fp32)
+            job.log(f"fp16: {len(kept_fp32)} op(s) exceed fp16's range on the calibration inputs "
+                    f"({', '.join(f'{k} |x| {v:.3g}' for k, v in list(kept_fp32.items())[:4])}): kept fp32")
+            mlmodel = ct.convert(m32._mil_program, convert_to="mlprogram", minimum_deployment_target=getattr(
+                ct.target, f"iOS{ios}"), compute_precision=ct.transform.FP16ComputePrecision(
+                op_selector=lambda op: op.name not in keep))
         t_convert = time.perf_counter() - t0
         job.log(f"coremltools {ct.__version__}: ML program for iOS {ios} via {source_route} in {t_convert:.2f} s")
         t1 = time.perf_counter()
@@ -117,7 +129,7 @@ class CoreMLConverter:
         _describe(mlmodel, job)
         dest = job.out_dir / PRIMARY
         mlmodel.save(str(dest))
-        checks = linux_checks(job, dest, comp, threshold)
+        checks = linux_checks(job, dest, comp, threshold, mixed=bool(kept_fp32))
         job.log(f"package: weight.bin {checks['weights']['measured_bytes']:,} B "
                 f"(expected {checks['weights']['expected_bytes']:,} B), {sum(checks['op_counts'].values())} MIL ops")
         for flag in checks["ane_flags"]:
@@ -137,6 +149,10 @@ class CoreMLConverter:
                f"of fp32 ({comp.describe})" if w["compressed_ratio_vs_fp32"] else "")
             + f"; conversion {t_convert:.2f} s, compression {t_compress:.2f} s"
         )
+        if kept_fp32:
+            notes.append(f"{len(kept_fp32)} op(s) computed in fp32 inside the fp16 program: on the calibration inputs "
+                         f"their values reach {max(kept_fp32.values()):.3g}, beyond fp16's 65504 "
+                         f"({', '.join(list(kept_fp32)[:8])})")
         if sys.platform != "darwin":
             notes.append(
                 "Numbers in the verification come from the package's decompressed MIL program run in torch (fp32 "
@@ -160,6 +176,7 @@ class CoreMLConverter:
                 "conversion_s": round(t_convert, 3),
                 "compression_s": round(t_compress, 3),
                 "linux_checks": checks,
+                "fp32_ops": kept_fp32,  # fp16 programs: ops kept fp32 (their values exceed fp16's range)
                 "io_names": {k: v for k, v in coreml_names(
                     [s.name for s in job.model.inputs + job.model.outputs]).items() if k != v},
             },
@@ -168,7 +185,7 @@ class CoreMLConverter:
 
     # ---------------------------------------------------------------- conversion
 
-    def _convert_torch(self, job: ConvertJob, ct, ios: int):
+    def _convert_torch(self, job: ConvertJob, ct, ios: int, force_fp32: bool = False):
         torch = require("torch")
         m = job.model
         if not m.is_torch:
@@ -181,7 +198,7 @@ class CoreMLConverter:
                   for s in m.inputs]
         outputs = [ct.TensorType(name=names[s.name], dtype=np.float32) for s in m.outputs]
         target = getattr(ct.target, f"iOS{ios}")
-        precision = ct.precision.FLOAT32 if job.precision == "fp32" else ct.precision.FLOAT16
+        precision = ct.precision.FLOAT32 if job.precision == "fp32" or force_fp32 else ct.precision.FLOAT16
         route = "torch.export"
         ep = None
         if m.kind == "torchscript":
@@ -371,6 +388,35 @@ def _source_location(node: Any) -> str:
     return f"{path}:{line} in {fn} ({code.strip()[:80]})"
 
 
+FP16_LIMIT = 60000.0  # fp16's largest finite value is 65504; a margin for the arithmetic of the ops around
+
+
+def fp16_overflow(job: ConvertJob, mlmodel) -> dict[str, float]:
+    """MIL ops of an fp16 program whose values exceed fp16's range on real inputs (the calibration data, else
+    the golden-sized random inputs): the program is run in fp32 (edgekit's MIL interpreter, no fp16 rounding)
+    and each op's largest |value| recorded. Returns {op name: max |value|} of those beyond FP16_LIMIT."""
+    from edgekit.converters.coreml_mil import MILInterpreter
+
+    prog = getattr(mlmodel, "_mil_program", None)
+    if prog is None:
+        return {}
+    try:
+        interp = MILInterpreter(prog)
+    except Exception:  # noqa: BLE001 - an op the host interpreter lacks: nothing to measure here
+        return {}
+    rn = coreml_names([s.name for s in job.model.inputs + job.model.outputs])
+    if job.calib is not None:
+        feeds = [f for _, f in zip(range(8), job.calib.batches(job.model), strict=False)]
+    else:
+        rng = np.random.default_rng(0)
+        feeds = [{s.name: rng.standard_normal(s.shape).astype(np.float32) for s in job.model.inputs}]
+    peaks: dict[str, float] = {}
+    for f in feeds:
+        for name, v in interp.peaks({rn[k]: v for k, v in f.items()}).items():
+            peaks[name] = max(peaks.get(name, 0.0), v)
+    return {k: v for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]) if v > FP16_LIMIT}
+
+
 _MIL_RESERVED = {"any", "bool", "program", "func", "tensor", "list", "dict", "tuple", "true", "false", "string",
                  "bf16", "fp16", "fp32", "fp64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                  "uint64", "state"}
@@ -396,7 +442,7 @@ def coreml_names(names: list[str]) -> dict[str, str]:
     return out
 
 
-def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int) -> dict[str, Any]:
+def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, mixed: bool = False) -> dict[str, Any]:
     """Static checks of the saved package; raises ConversionError where it does not match the request."""
     from edgekit.converters import coreml_mil as cm
 
@@ -413,7 +459,7 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int) 
         want = [{"name": rn[s.name], "shape": list(s.shape), "dtype": coreml_dtype(s.dtype)} for s in specs]
         if [(g["name"], g["shape"], g["dtype"]) for g in got] != [(w["name"], w["shape"], w["dtype"]) for w in want]:
             problems.append(f"{kind}s are {got}, the source model has {want}")
-    weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision)
+    weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision, mixed)
     problems += weights.pop("problems")
     if problems:
         raise ConversionError(f"{pkg.name} does not match the request: " + "; ".join(problems))
@@ -427,7 +473,8 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int) 
     }
 
 
-def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, precision: str) -> dict[str, Any]:
+def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, precision: str,
+                 mixed: bool = False) -> dict[str, Any]:
     """Measured weight-file bytes against what the requested compression should take."""
     from edgekit.converters import coreml_mil as cm
 
@@ -443,6 +490,11 @@ def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, preci
         if op.op_type == "const" and isinstance(op.val.val, np.ndarray) and op.val.val.dtype.kind == "f"
     ) - n_elig
     expected_data = n_elig * comp.bits / 8 + n_other_consts * elem_bytes
+    if mixed:  # ops kept fp32 in an fp16 program keep their consts fp32: count each const at its stored dtype
+        expected_data = n_elig * comp.bits / 8 + sum(
+            int(np.asarray(op.val.val).size) * np.asarray(op.val.val).dtype.itemsize
+            for op in raw.functions["main"].operations
+            if op.op_type == "const" and isinstance(op.val.val, np.ndarray) and op.val.val.dtype.kind == "f")
     blobs = sum(1 for op in raw.functions["main"].operations
                 if op.op_type == "const" and isinstance(op.val.val, np.ndarray) and op.val.val.size >= 2)
     overhead = 64 + 128 * blobs  # file header; per blob a 64-byte header and 64-byte alignment

@@ -185,7 +185,15 @@ class MILInterpreter:
                 f"for op(s) {', '.join(missing)}; run the bundle's run.py on macOS (Core ML predict) to verify it"
             )
 
-    def __call__(self, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    def peaks(self, feeds: dict[str, np.ndarray]) -> dict[str, float]:
+        """Each op's largest finite |value| in or out, with fp32 arithmetic and storage (no fp16 rounding): which
+        ops of an fp16 program would overflow fp16 or take a value it cannot hold."""
+        out: dict[str, float] = {}
+        self(feeds, fp32=True, peaks=out)
+        return out
+
+    def __call__(self, feeds: dict[str, np.ndarray], fp32: bool = False,
+                 peaks: dict[str, float] | None = None) -> list[np.ndarray]:
         torch = self.torch
         env: dict[str, Any] = {}
         for name in self.input_names:
@@ -214,10 +222,20 @@ class MILInterpreter:
                 if op.op_type == "const":
                     continue
                 args = {k: val(v) for k, v in op.inputs.items()}
+                if peaks is not None:  # an op that takes a value beyond fp16 must run in fp32 too (log of a power)
+                    for v in args.values():
+                        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point and v.numel():
+                            finite = v[torch.isfinite(v)]
+                            if finite.numel():
+                                peaks[op.name] = max(peaks.get(op.name, 0.0), float(finite.abs().max()))
                 outs = _KERNELS[op.op_type](torch, args)
                 outs = outs if isinstance(outs, tuple) else (outs,)
                 for var, o in zip(op.outputs, outs, strict=True):
-                    if hasattr(o, "dtype") and o.dtype.is_floating_point and _is_fp16(var):
+                    if peaks is not None and hasattr(o, "dtype") and o.dtype.is_floating_point and o.numel():
+                        finite = o[torch.isfinite(o)]
+                        if finite.numel():
+                            peaks[op.name] = max(peaks.get(op.name, 0.0), float(finite.abs().max()))
+                    if not fp32 and hasattr(o, "dtype") and o.dtype.is_floating_point and _is_fp16(var):
                         o = o.half().float()  # the program stores this tensor as fp16
                     env[var.name] = o
         return [env[n].detach().numpy().astype(np.float32) for n in self.output_names]

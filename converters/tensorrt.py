@@ -92,15 +92,18 @@ class TensorRTConverter:
                 return next(self.it, None)
 
         excluded = job.options.get("keep_float_nodes") or []
+        method_name = job.options.get("calibration") or "minmax"
+        method = {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile}[method_name]
         q.quantize_static(
             str(pre), str(dest), Reader(),
             quant_format=q.QuantFormat.QDQ,
             activation_type=q.QuantType.QInt8,  # TensorRT takes symmetric signed INT8 only
             weight_type=q.QuantType.QInt8,
             per_channel=True,
-            calibrate_method=q.CalibrationMethod.MinMax,
+            calibrate_method=method,
             nodes_to_exclude=excluded,
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
+                           **({"CalibPercentile": 99.999} if method_name == "percentile" else {})},
         )
         proto = prune_opsets(onnx.load(str(dest)))
         cap_ir_version(proto)
@@ -113,7 +116,7 @@ class TensorRTConverter:
             "format": "QDQ",
             "weights": "int8 symmetric per-channel",
             "activations": "int8 symmetric per-tensor",
-            "calibration_method": "minmax",
+            "calibration_method": method_name,
             "calibration_batches": len(feeds),
             "calibration_source": job.calib.source,
             "nodes_kept_float": excluded,

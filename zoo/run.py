@@ -85,6 +85,10 @@ def run(models: list[str] | None = None, targets: list[str] | None = None, out: 
     chosen = select(models)
     targets = targets or list(CELLS)
     out.mkdir(parents=True, exist_ok=True)
+    from datetime import date
+
+    from edgekit import __version__
+
     results = {"edgekit_zoo": 1, "cells": []}
     prior = out / "results.json"
     if prior.is_file():  # a run over a subset keeps the other cells
@@ -92,6 +96,7 @@ def run(models: list[str] | None = None, targets: list[str] | None = None, out: 
         keep = {(m.name, t) for m in chosen for t in targets}
         results["cells"] = [c for c in results["cells"] if (c["model"], c["target"]) not in keep
                             or (precisions and c["precision"] not in precisions)]
+    results.update(date=date.today().isoformat(), edgekit=__version__)
     for m in chosen:
         path = fetch(m, log) if not m.factory else None
         data = prepare_data(m, log)
@@ -143,6 +148,35 @@ def render(results: dict) -> str:
               f"INT8 cells pass {tot['int8_pass']}/{tot['int8_cells']} "
               f"({tot['int8_runnable']} not refused)."]
     return "\n".join(lines) + "\n"
+
+
+def render_doc(results: dict, header: str) -> str:
+    """docs/zoo.md: the header (what the zoo is, how ONNX reaches every target), the totals, per target, the
+    slowest cells, then the table."""
+    cells = results["cells"]
+    tot = totals(cells)
+    lines = [header.rstrip(), ""]
+    lines.append(f"Run on {results.get('date', 'this machine')} (2 CPU cores, no GPU), edgekit {results.get('edgekit', '')}: "
+                 f"**{tot['cells']} cells, {tot['pass']} pass, {tot['refused']} refused, {tot['failed']} failed, "
+                 f"{tot['tracebacks']} tracebacks.**")
+    lines.append("")
+    fl_run = tot["float_cells"] - sum(c["status"] == "refused" for c in cells if c["precision"] != "int8")
+    lines.append(f"- Float cells: {tot['float_pass']} of {tot['float_cells']} pass "
+                 f"({tot['float_pass'] / max(1, tot['float_cells']):.0%}; {tot['float_pass']} of {fl_run} not refused).")
+    lines.append(f"- INT8 cells: {tot['int8_pass']} of {tot['int8_cells']} pass; of the {tot['int8_runnable']} whose ops "
+                 f"the target runs in int8 (not refused), {tot['int8_pass'] / max(1, tot['int8_runnable']):.0%} pass.")
+    lines += ["", "| target | precision | pass | refused | failed |", "|---|---|---|---|---|"]
+    for t, precs in CELLS.items():
+        for p in precs:
+            cs = [c for c in cells if c["target"] == t and c["precision"] == p]
+            if cs:
+                lines.append(f"| {t} | {p} | {sum(c['status'] == 'pass' for c in cs)} | "
+                             f"{sum(c['status'] == 'refused' for c in cs)} | {sum(c['status'] == 'failed' for c in cs)} |")
+    slow = sorted(cells, key=lambda c: -c["seconds"])[:5]
+    lines += ["", "Slowest cells: " + "; ".join(f"{c['model']} {c['target']} {c['precision']} {c['seconds']:.0f} s"
+                                               for c in slow) + ".", ""]
+    lines.append(render(results))
+    return "\n".join(lines)
 
 
 def totals(cells: list[dict]) -> dict:

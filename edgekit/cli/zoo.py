@@ -62,3 +62,23 @@ def run(
                   f"tracebacks {tot['tracebacks']}; table: {out / 'zoo.md'}")
     if tot["tracebacks"]:
         raise typer.Exit(1)
+
+
+@zoo_app.command()
+def table(
+    results: Annotated[Path, typer.Argument(help="results.json of a zoo run")],
+    doc: Annotated[Path | None, typer.Option("--doc", help="write the full page (docs/zoo.md) here")] = None,
+) -> None:
+    """Render a zoo run's results as Markdown (the table; with --doc, the whole docs page)."""
+    import json
+
+    from edgekit.fsutil import atomic_write_bytes
+    from edgekit.zoo import run as zrun
+
+    res = json.loads(results.read_text())
+    if doc is None:
+        console.print(zrun.render(res), highlight=False, soft_wrap=True)
+        return
+    header = (Path(zrun.__file__).parent / "zoo-header.md").read_text()
+    atomic_write_bytes(doc, zrun.render_doc(res, header).encode())
+    console.print(f"wrote {doc}")
