@@ -191,3 +191,22 @@ def test_onnxruntime_load_bug_is_retried_with_basic_optimization_and_recorded(di
                   calib=str(digits["calib"]))
     assert res.verification.passed
     assert any("ORT_ENABLE_BASIC" in w for w in res.manifest["warnings"])
+
+
+def test_mask_without_positives_is_judged_by_its_values():
+    """A wake-word score on speech without the word: no sample reaches 0.5 in either model, so IoU compares nothing
+    (1.0 over an empty union). The values are judged instead: a score that moved from 0.3 to 0.0 fails; a
+    probability near zero that stays near zero passes. With positives, the decision (IoU) is the check."""
+    import numpy as np
+
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    tol = {"max_rel_error": 0.15, "abs_floor": 0.01, "min_iou": 0.9, "min_top1_agreement": 0.9}
+    ref = np.linspace(0.0, 0.3, 16).reshape(16, 1)
+    assert not smoke.check_output("wake", "mask", ref, np.zeros_like(ref), tol)["passed"]
+    assert smoke.check_output("wake", "mask", ref * 1e-3, np.zeros_like(ref), tol)["passed"]
+    prob = np.where(np.arange(64) % 8 == 0, 0.9, 0.05).reshape(64, 1)
+    moved = prob + np.where(prob > 0.5, -0.3, 0.3)  # both decisions unchanged (0.6 and 0.35), values moved by 0.3
+    r = smoke.check_output("wake", "mask", prob, moved, tol)
+    assert r["passed"] and r["iou"] == 1.0
