@@ -61,7 +61,7 @@ def test_float_builds_pass_and_report_agreement(results):
                 # fp16 LSTM state drifts beyond the 1% tolerance: a true fp16 result, but a finite one (its power
                 # spectrum, beyond fp16's range, is computed in fp32: it used to come out Inf/NaN)
                 assert c["status"] == "failed" and "non-finite" not in c["reason"], c.get("reason")
-                assert c["eval_agreement"]["output"]["iou"] >= 0.99  # the speech/no-speech decision agrees
+                assert c["eval_agreement"]["hn"]["snr_db"] > 15  # finite, and close: 24 dB on this machine
                 continue
             assert c["status"] == "pass", (model, t, p, c.get("reason"))
             assert c["eval_samples"] and c["eval_agreement"], (model, t, p)

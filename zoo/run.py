@@ -176,6 +176,9 @@ def render_doc(results: dict, header: str) -> str:
     lines += ["", "Slowest cells: " + "; ".join(f"{c['model']} {c['target']} {c['precision']} {c['seconds']:.0f} s"
                                                for c in slow) + ".", ""]
     lines.append(render(results))
+    footer = Path(__file__).with_name("zoo-footer.md")
+    if footer.is_file():
+        lines.append(footer.read_text())
     return "\n".join(lines)
 
 
