@@ -150,7 +150,7 @@ class Hls4mlConverter:
             f"{est.lut} LUT of {job.board.id} ({fpga.dsp} DSP, {fpga.bram36} BRAM36, {fpga.lut} LUT); "
             "Vivado's report replaces it",
             f"no bitstream in this bundle: {why}; run ./build.sh where Vivado is installed, "
-            "then python3 smoke.py on the board",
+            "then python3 run.py on the board",
         ]
         if not fpga.hls4ml_board:
             notes.append(f"hls4ml has no {job.board.name} board: the bundle holds the bare HLS IP for part {fpga.part}; "

@@ -117,8 +117,7 @@ def convert(
         raise ProfileError(f"board {brd.id} does not take target {target!r} (its targets: {brd.targets})")
     precision = precision or tgt.default_precision
     if precision != "auto":  # "auto" is resolved by the plan stage from the analysis
-        check_precision(precision, tgt, brd)
-        stages.check_calibration(precision, calib is not None)
+        check_precision(precision, tgt, brd)  # --calib for INT8 is checked in compress: an op refusal comes first
     warnings: list[str] = []
 
     def _warn(msg: str) -> None:

@@ -89,3 +89,23 @@ def test_tables_fit_80_columns(tmp_path):
         assert max(len(ln) for ln in lines) <= 80 and "┃┃" not in proc.stdout and "…" not in proc.stdout
         for h in headers:
             assert h in proc.stdout, (args, h)
+
+
+def test_version_flag_and_targets_show_the_extras():
+    """`edgekit --version` prints the version; `edgekit targets` shows each extra as `edgekit[android]` (rich would
+    eat the brackets as markup)."""
+    from edgekit import __version__
+
+    proc = _run("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == __version__
+    proc = _run("targets")
+    assert proc.returncode == 0
+    for extra in ("edgekit[jetson]", "edgekit[android]", "edgekit[ios]", "edgekit[fpga]"):
+        assert extra in proc.stdout.replace("\n", ""), proc.stdout
+
+
+def test_an_op_refusal_comes_before_asking_for_calibration(tmp_path):
+    """The FPGA target refuses the digits CNN's global ReduceMean: that is said, not "give --calib" first."""
+    proc = _run("convert", "examples/digits/digits_cnn.pt2", "--target", "fpga", "-p", "int8", "-o", str(tmp_path / "o"))
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot run" in proc.stderr and "--calib" not in proc.stderr.split("cannot run")[0], proc.stderr

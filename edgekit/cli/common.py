@@ -16,6 +16,22 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
+def _version(value: bool) -> None:
+    if value:
+        from edgekit import __version__
+
+        print(__version__)
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the edgekit version and exit")] = False,
+) -> None:
+    """Ship a trained model to an edge board: convert, verify, bundle, flash, smoke-test."""
+
+
 boards_app = typer.Typer(help="List board profiles, or show one (`edgekit boards show NAME`).", invoke_without_command=True)
 app.add_typer(boards_app, name="boards")
 

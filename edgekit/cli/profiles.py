@@ -6,6 +6,7 @@ import json
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from edgekit.cli.common import SetOpt, app, boards_app, console
@@ -77,7 +78,7 @@ def targets() -> None:
     for col in ("target", "format", "precisions", "extra", "description"):
         t.add_column(col)
     for tg in list_targets():
-        t.add_row(tg.name, tg.format, ",".join(tg.precisions), f"edgekit[{tg.extra}]", tg.description)
+        t.add_row(tg.name, tg.format, ",".join(tg.precisions), escape(f"edgekit[{tg.extra}]"), tg.description)
     console.print(t)
 
 
