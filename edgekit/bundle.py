@@ -33,7 +33,7 @@ from pydantic import ValidationError
 from edgekit.errors import EdgekitError
 from edgekit.manifest import MANIFEST, SCHEMA_VERSION, Manifest, validation_message
 from edgekit.quiet import first_line
-from edgekit.fsutil import sha256_file, size_limit, work_dir
+from edgekit.fsutil import file_mode, sha256_file, size_limit, work_dir
 
 
 
@@ -146,6 +146,7 @@ def make_bundle(build_dir: str | Path, out: str | Path) -> tuple[Path, Manifest]
                 info.uid = info.gid = 0
                 info.uname = info.gname = "root"
                 tar.addfile(info, io.BytesIO(data))
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 -> what a new file gets under the user's umask
         Path(tmp).replace(out)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

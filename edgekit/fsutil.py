@@ -291,6 +291,14 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
         _release(fd, lock)
 
 
+def file_mode() -> int:
+    """The mode a plain new file gets under the user's umask (mkstemp makes 0600: a bundle or report written
+    through a temporary sibling would otherwise be unreadable to the user's other accounts and tools)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def atomic_write_bytes(dest: Path, data: bytes) -> None:
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -298,6 +306,7 @@ def atomic_write_bytes(dest: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, file_mode())
         os.replace(tmp, dest)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

@@ -232,3 +232,16 @@ def test_parse_address_rejects(text):
 
     with pytest.raises(TransportError, match="cannot read host"):
         parse_address(text)
+
+
+def test_bundle_file_is_readable_like_any_new_file(tmp_path):
+    """The bundle goes through a temporary sibling (mkstemp: 0600); it lands with the mode the user's umask gives."""
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        out, _ = make_bundle(digits_build(), tmp_path / "b.tar.gz")
+    finally:
+        os.umask(mask)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o644
