@@ -159,8 +159,17 @@ def _tensor_info(g: TFLiteGraph, i: int) -> dict[str, Any]:
             "zero_point": zp[0] if len(zp) == 1 else (zp or None)}
 
 
+def _short(node: str, width: int = 80) -> str:
+    """A long TFLite node name cut at a path separator, not mid-word."""
+    if len(node) <= width:
+        return node
+    tail = node[-width:]
+    cut = min((i for i in (tail.find("/"), tail.find(";")) if i >= 0), default=-1)
+    return "…" + (tail[cut + 1:] if cut >= 0 else tail)
+
+
 def format_float_ops(float_ops: list[dict[str, Any]], limit: int = 12) -> str:
-    shown = [f"{o['op']} ({'/'.join(o['types'])}, node {o['node'][-80:]})" for o in float_ops[:limit]]
+    shown = [f"{o['op']} ({'/'.join(o['types'])}, node {_short(o['node'])})" for o in float_ops[:limit]]
     more = f" and {len(float_ops) - limit} more" if len(float_ops) > limit else ""
     return "; ".join(shown) + more
 
@@ -309,11 +318,13 @@ class TFLiteConverter:
         job.log(f"{PRIMARY}: {sum(rep['op_counts'].values())} ops "
                 + ", ".join(f"{k}x{n}" for k, n in sorted(rep["op_counts"].items()))
                 + f"; TRANSPOSE {rep['transpose']['total']} ({rep['transpose']['at_edges']} at the edges)")
+        full_int8 = job.precision == "int8"  # at fp32 / fp16 / int8-dynamic every op computes in float by request
         notes.append("op report after converting: " + ", ".join(f"{k}x{n}" for k, n in sorted(rep["op_counts"].items()))
                      + f"; TRANSPOSE {rep['transpose']['total']} ({rep['transpose']['at_edges']} at the edges)"
-                     + (f"; float ops: {format_float_ops(rep['float_ops'])}" if rep["float_ops"] else "; no float ops")
+                     + ((f"; float ops: {format_float_ops(rep['float_ops'])}" if rep["float_ops"] else "; no float ops")
+                        if full_int8 else "")
                      + (f"; no int8 kernel in XNNPACK/NNAPI for: {', '.join(rep['not_delegable_int8'])}"
-                        if rep["not_delegable_int8"] else ""))
+                        if rep["not_delegable_int8"] and full_int8 else ""))
         if rep["transpose"]["interior"]:
             job.warn(f"{rep['transpose']['interior']} TRANSPOSE op(s) inside the graph cost time at run time")
         if job.precision == "int8":

@@ -281,3 +281,14 @@ def test_push_and_bench_with_fake_adb(int8_build, tmp_path):
     r = subprocess.run(["bash", str(bundle / "push_and_bench.sh"), "--benchmark-model", str(bm)],
                        capture_output=True, text=True, env=env, timeout=60)
     assert r.returncode == 2 and "sha256" in r.stderr
+
+
+def test_fp32_notes_do_not_call_every_op_a_float_op(digits, tmp_path):
+    """At fp32 every op computes in float by request: the op report does not list them as "float ops" (that list,
+    and the missing int8 kernels, are for full-integer int8 builds)."""
+    from edgekit.pipeline import convert
+
+    res = convert(digits["model"], target="android", precision="fp32", out=tmp_path / "o", golden_count=8)
+    report = next(n for n in res.notes if n.startswith("op report after converting"))
+    assert "float ops" not in report and "int8 kernel" not in report, report
+    assert "FULLY_CONNECTED" in report or "CONV_2D" in report
