@@ -127,7 +127,9 @@ class TensorRTConverter:
     def _maybe_build_engine(self, job: ConvertJob, onnx_path: Path, notes: list[str]) -> dict:
         why = _engine_unavailable()
         if why:
-            notes.append(f"TensorRT engine not built here ({why}); run build_engine.sh on the board")
+            where = ("install TensorRT on this machine (the board) and run build_engine.sh"
+                     if job.board.id == "host/host" else "run build_engine.sh on the board")
+            notes.append(f"TensorRT engine not built here ({why}); {where}")
             return {"built": False, "reason": why, "build_script": "build_engine.sh"}
         runner = load_firmware("tensorrt")
         engine = job.out_dir / "model.engine"

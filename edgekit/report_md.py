@@ -89,7 +89,9 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         "## Board budgets",
         "",
         f"- latency {man['budgets']['latency_ms']} ms, power {man['budgets']['power_w']} W, model RAM {man['budgets']['ram_mb']} MB",
-        "- these are checked on the board by `python3 run.py` (smoke test); the host cannot measure them.",
+        ("- this machine is the board: `python3 run.py` in the bundle (the smoke test) measures them here"
+         if man["board"]["id"] == "host/host" else
+         "- these are checked on the board by `python3 run.py` (smoke test); the host cannot measure them."),
     ]
     eng = man["artifact"].get("engine")
     if eng is not None and not eng.get("built"):

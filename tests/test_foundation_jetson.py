@@ -246,3 +246,20 @@ def test_engine_builds_where_tensorrt_and_a_gpu_exist(builds, tmp_path):
     runner.build_engine(str(builds["int8"].out_dir / "model.onnx"), str(engine), "int8",
                         timing_cache=str(tmp_path / "timing.cache"))
     assert engine.stat().st_size > 0 and trt.__version__
+
+
+def test_host_board_is_worded_as_this_machine(digits, tmp_path):
+    """With --board host the build is for this machine: its notes and report do not send the user to a board."""
+    import importlib.util
+
+    import pytest
+
+    from edgekit.pipeline import convert
+
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("TensorRT is installed: the engine is built here, there is no 'not built' note to word")
+    res = convert(digits["model"], target="jetson", board="host", precision="fp32", out=tmp_path / "o", golden_count=8)
+    engine = next(n for n in res.notes if n.startswith("TensorRT engine not built here"))
+    assert "on the board" not in engine and "this machine" in engine
+    report = (res.out_dir / "report.md").read_text()
+    assert "this machine is the board" in report and "the host cannot measure them" not in report
