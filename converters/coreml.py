@@ -392,9 +392,10 @@ FP16_LIMIT = 60000.0  # fp16's largest finite value is 65504; a margin for the a
 
 
 def fp16_overflow(job: ConvertJob, mlmodel) -> dict[str, float]:
-    """MIL ops of an fp16 program whose values exceed fp16's range on real inputs (the calibration data, else
-    the golden-sized random inputs): the program is run in fp32 (edgekit's MIL interpreter, no fp16 rounding)
-    and each op's largest |value| recorded. Returns {op name: max |value|} of those beyond FP16_LIMIT."""
+    """MIL ops of a program whose values exceed fp16's range on real inputs (up to 8 calibration batches, else one
+    batch of standard-normal inputs): the program is run in fp32 (edgekit's MIL interpreter, no fp16 rounding)
+    and each op's largest |value| in or out recorded. Returns {op name: max |value|} of those beyond FP16_LIMIT.
+    One interpreter pass per fp16 build; where it finds some, a second one on the fp32 program names the ops."""
     from edgekit.converters.coreml_mil import MILInterpreter
 
     prog = getattr(mlmodel, "_mil_program", None)

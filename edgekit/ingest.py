@@ -409,14 +409,11 @@ def _finish_torch(model: Model) -> Model:
 
 # ---------------------------------------------------------------- onnx
 
-_ONNX_DTYPES = {1: "float32", 10: "float16", 11: "float64", 7: "int64", 6: "int32", 3: "int8", 2: "uint8", 9: "bool"}
-
-
 def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
     """An ONNX file, prepared (edgekit.onnx_bridge.prepare): every input static, ``--const`` inputs folded,
     opset >= 13, constants folded. The prepared graph is what the targets convert and the float reference
     runs; it is checked against the file as given (onnxruntime, seeded inputs) before anything uses it."""
-    from edgekit.onnx_bridge import parse_consts, prepare, scratch_dir
+    from edgekit.onnx_bridge import ONNX_DTYPES, parse_consts, prepare, save_prepared
 
     onnx = require("onnx")
     digest = sha256_file(path)
@@ -429,14 +426,13 @@ def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
             "is the file complete? re-export it"
         ) from None
     const_values = parse_consts(consts)
-    given_dtypes = {i.name: _ONNX_DTYPES.get(i.type.tensor_type.elem_type, "float32") for i in proto.graph.input}
+    given_dtypes = {i.name: ONNX_DTYPES.get(i.type.tensor_type.elem_type, "float32") for i in proto.graph.input}
     prep = prepare(path, proto, shapes, const_values)  # edits proto
-    prepared = scratch_dir() / f"{digest[:16]}-prepared.onnx"
-    onnx.save(prep.proto, str(prepared))
+    prepared = save_prepared(prep, digest)
     inputs = [TensorSpec(n, s, d) for n, s, d in prep.inputs]
     outputs = [TensorSpec(vo.name, tuple(d.dim_value if d.HasField("dim_value") else -1
                                         for d in vo.type.tensor_type.shape.dim),
-                          _ONNX_DTYPES.get(vo.type.tensor_type.elem_type, "float32"))
+                          ONNX_DTYPES.get(vo.type.tensor_type.elem_type, "float32"))
                for vo in prep.proto.graph.output]
     model = Model(str(path), "onnx", digest, inputs, outputs, onnx_path=prepared, onnx_prep=prep)
     rng = np.random.default_rng(0)
@@ -449,7 +445,7 @@ def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
             f"{path}: onnxruntime cannot run the model at the given shapes ({type(exc).__name__}: "
             f"{str(exc).splitlines()[0][:240]}); check --input-shape / --const"
         ) from None
-    if prep.steps and not prep.quantized_ops:  # the prepared graph must compute what the file computes
+    if not prep.quantized_ops:  # the prepared graph must compute what the file computes
         ort = require("onnxruntime")
         given = dict(feeds)
         given.update({k: np.asarray(v, dtype=given_dtypes[k]) for k, v in prep.consts.items()})

@@ -71,6 +71,11 @@ class SourceModel(_Record):
     path: str
     kind: str
     sha256: str
+    # an ONNX file as edgekit prepared it (edgekit.onnx_bridge): the steps, the inputs folded as constants (the
+    # artifact has no such inputs), and the bridge that rebuilt it in torch for a torch-only converter
+    prepared: list[str] | None = None
+    consts: dict[str, Any] | None = None
+    bridge: str | None = None
 
 
 class CalibrationRecord(_Record):

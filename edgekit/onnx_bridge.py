@@ -50,7 +50,6 @@ class Prepared:
     inputs: list[tuple[str, tuple[int, ...], str]]  # name, shape, dtype (consts removed)
     consts: dict[str, list]  # name -> the folded value (as a list, for the manifest)
     steps: list[str] = field(default_factory=list)  # what was done, for the report / manifest
-    opset: int = 0
     quantized_ops: list[str] = field(default_factory=list)  # already-quantized ops found (QLinear*, Q/DQ, ...)
 
 
@@ -168,7 +167,6 @@ def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
         try:
             proto = onnx.version_converter.convert_version(proto, MIN_OPSET)
             steps.append(f"opset {opset} upgraded to {MIN_OPSET} (onnx version converter)")
-            opset = MIN_OPSET
         except Exception as exc:  # the converter raises RuntimeError / ValidationError per op
             steps.append(f"opset {opset} kept: the onnx version converter failed ({str(exc).splitlines()[0][:120]})")
     # a stale value_info of a dynamic graph would keep old shapes: shapes are inferred again after folding
@@ -199,7 +197,7 @@ def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
         proto = onnx.shape_inference.infer_shapes(proto)
     except Exception:  # shape inference is best effort; onnxruntime checks the graph next
         pass
-    return Prepared(proto, out_inputs, consts_record, steps, opset, quantized)
+    return Prepared(proto, out_inputs, consts_record, steps, quantized)
 
 
 def _div_by_constant_to_mul(proto) -> int:
@@ -209,10 +207,6 @@ def _div_by_constant_to_mul(proto) -> int:
 
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
-    users: dict[str, int] = {}
-    for n in graph.node:
-        for v in n.input:
-            users[v] = users.get(v, 0) + 1
     done = 0
     for n in graph.node:
         if n.op_type != "Div" or n.domain not in ("", "ai.onnx") or len(n.input) != 2 or n.input[1] not in inits:
@@ -277,6 +271,19 @@ def _if_to_where(proto) -> list[str]:
 
 
 _SCRATCH: list = []
+
+
+def save_prepared(prep: Prepared, digest: str) -> Path:
+    """The prepared graph as a new file in the scratch folder: one per load (two loads of one file with other
+    shapes or --const values must not overwrite each other's graph while a Model still points at it)."""
+    import os
+    import tempfile
+
+    onnx = require("onnx")
+    fd, name = tempfile.mkstemp(prefix=f"{digest[:16]}-", suffix="-prepared.onnx", dir=scratch_dir())
+    os.close(fd)
+    onnx.save(prep.proto, name)
+    return Path(name)
 
 
 def scratch_dir() -> Path:
@@ -365,7 +372,8 @@ def _register_extra_converters() -> None:
         if acts and [v.lower() for v in acts] != ["sigmoid", "tanh", "tanh"] * (len(acts) // 3):
             raise UnsupportedOpError(f"LSTM node {node.name!r}: activations {acts} differ from torch.nn.LSTM's")
         if seq_lens and seq_lens in graph.initializers:
-            seq_lens = ""  # constant full-length sequences are the default
+            seq_lens = ""  # taken as full length (exporters write the sequence length here); a shorter constant
+            # would differ from onnxruntime, and bridge_model's check against onnxruntime refuses that
         if seq_lens or w not in graph.initializers or r not in graph.initializers:
             raise UnsupportedOpError(f"LSTM node {node.name!r}: sequence_lens or non-constant weights are not bridged")
         W = graph.initializers[w].to_numpy()
@@ -468,12 +476,6 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
     def params(node, graph, first=1):
         vals = [const(graph, n) for n in node.input_values[first:]]
         return None if any(v is False for v in vals) else vals
-
-    def rank_of(node, graph):
-        vi = graph.value_info.get(node.input_values[0]) if hasattr(graph, "value_info") else None
-        if vi is None or not vi.type.tensor_type.HasField("shape"):
-            return None
-        return len(vi.type.tensor_type.shape.dim)
 
     def slice_(node, graph):
         p = params(node, graph)
@@ -586,24 +588,20 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
 
         return result(node, fn, f"Resize({mode}, {ctm})")
 
-    def expand(node, graph):
+    def ints(node, graph):  # the op's second input as Python ints, or None where it is not a constant
         p = params(node, graph)
-        if p is None or p[0] is None:
+        return None if p is None or not p or p[0] is None else [int(v) for v in p[0]]
+
+    def expand(node, graph):
+        shape = ints(node, graph)
+        if shape is None:
             return None
-        shape = [int(v) for v in p[0]]
-
-        def fn(x):
-            out = list(torch.broadcast_shapes(tuple(x.shape), tuple(shape)))
-            return x.expand(out)
-
-        return result(node, fn, f"Expand({shape})")
+        return result(node, lambda x: x.expand(list(torch.broadcast_shapes(tuple(x.shape), tuple(shape)))),
+                      f"Expand({shape})")
 
     def tile(node, graph):
-        p = params(node, graph)
-        if p is None or p[0] is None:
-            return None
-        reps = [int(v) for v in p[0]]
-        return result(node, lambda x: x.repeat(reps), f"Tile({reps})")
+        reps = ints(node, graph)
+        return None if reps is None else result(node, lambda x: x.repeat(reps), f"Tile({reps})")
 
     class Clip(torch.nn.Module):
         def forward(self, x, lo=None, hi=None):
@@ -638,10 +636,11 @@ def bridge_model(model, source: str):
     onnx = require("onnx")
     prep = model.onnx_prep
     if prep is not None and prep.quantized_ops:
+        qdq_only = set(prep.quantized_ops) <= {"QuantizeLinear", "DequantizeLinear"}
         raise UnsupportedOpError(
             f"{source}: the model is already quantized ({', '.join(prep.quantized_ops)}); this target's converter "
-            "quantizes a float model itself: give the float ONNX model (or convert this one for --target jetson, "
-            "which runs Q/DQ graphs)")
+            "quantizes a float model itself: give the float ONNX model"
+            + (" (or convert this one for --target jetson: TensorRT runs Q/DQ graphs)" if qdq_only else ""))
     proto = prep.proto if prep is not None else onnx.load(str(model.onnx_path))
     module = to_torch(proto, source).eval()
     rng = np.random.default_rng(1)

@@ -25,6 +25,8 @@ def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
         return f"SNR {m['snr_db']:.1f} dB{need}, cosine {m.get('cosine', float('nan')):.5f}"
     if "iou" in m:
         return f"IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g})"
+    if o.get("kind") == "mask":
+        return "no sample reaches 0.5 in either model: judged by max error"
     if "exact_match" in m:
         return f"exact {m['exact_match']:.1%} (≥ {tol.get('min_exact', 0.99):.0%})"
     if "top5_agreement" in m:
@@ -47,6 +49,9 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         f"# edgekit conversion report: {man['name']}",
         "",
         f"- source: `{man['source_model']['path']}` ({man['source_model']['kind']}, sha256 {man['source_model']['sha256'][:12]}…)",
+        *[f"- prepared: {step}" for step in man["source_model"].get("prepared") or []],
+        *([f"- rebuilt in torch by {man['source_model']['bridge']} for this target's converter; the float "
+           "reference is onnxruntime on the prepared graph"] if man["source_model"].get("bridge") else []),
         f"- target: **{man['target']}** ({man['format']}), precision **{man['precision']}**",
         f"- board: **{man['board']['id']}** — {man['board']['description']}",
         f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`"

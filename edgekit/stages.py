@@ -332,7 +332,9 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
         "precision": precision,
         "board": {"id": brd.id, "description": brd.description, "default_power_mode": brd.default_power_mode,
                   "profile": brd.model_dump(mode="json")},
-        "source_model": {"path": m.source, "kind": m.kind, "sha256": m.sha256},
+        "source_model": {"path": m.source, "kind": "onnx" if m.onnx_prep is not None else m.kind, "sha256": m.sha256,
+                         **({"prepared": m.onnx_prep.steps, "consts": m.onnx_prep.consts or None, "bridge": m.bridge}
+                            if m.onnx_prep is not None else {})},
         "inputs": [s.to_json() for s in m.inputs],
         "outputs": [s.to_json() for s in m.outputs],
         "calibration": None if calib_ds is None else {

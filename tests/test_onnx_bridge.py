@@ -142,3 +142,19 @@ def test_quantized_onnx_is_refused_for_torch_targets_with_the_reason(tmp_path):
     assert m.onnx_prep.quantized_ops
     with pytest.raises(UnsupportedOpError, match="already quantized .*MatMulInteger.*give the float ONNX model"):
         bridge_model(m, str(q))
+
+
+def test_manifest_records_the_preparation_and_the_bridge(tmp_path):
+    """A build of an ONNX file for a torch-only converter says, in its manifest and report, that the input sr was
+    folded to 16000 (the artifact has no such input) and which bridge rebuilt the graph; the kind stays onnx."""
+    from edgekit.pipeline import convert
+
+    p = _vad_like(tmp_path / "vad.onnx")
+    res = convert(p, target="android", precision="fp32", input_shape=["x:1,8"], consts=["sr=16000"],
+                  out=tmp_path / "o", golden_count=8)
+    src = res.manifest["source_model"]
+    assert src["kind"] == "onnx" and src["consts"] == {"sr": 16000} and src["bridge"].startswith("onnx2torch")
+    assert any("sr folded" in s for s in src["prepared"])
+    assert [i["name"] for i in res.manifest["inputs"]] == ["x"]
+    report = (res.out_dir / "report.md").read_text()
+    assert "prepared: input sr folded" in report and "rebuilt in torch by onnx2torch" in report

@@ -32,7 +32,7 @@ def main(argv: list[str]) -> int:
             eval_samples=v.eval_samples, eval_agreement=v.eval_agreement,
             artifact_bytes=sum(f["bytes"] for k, f in man["files"].items() if k == prim or k.startswith(prim + "/")),
             runtime=v.runtime, timings_s=res.timings_s, warnings=len(res.warnings),
-            bridge=man.get("source_model", {}).get("kind"),
+            bridge=man["source_model"].get("bridge"),
         )
     except EdgekitError as exc:
         refused = isinstance(exc, (UnsupportedOpError, ProfileError, HostCannotError))
