@@ -31,6 +31,10 @@ class UnsupportedOpError(EdgekitError):
     """The model holds an op the target cannot run."""
 
 
+class MatrixSpecError(EdgekitError):
+    """An invalid `edgekit matrix` spec (SPEC.toml), or no Ray cluster where one was asked for."""
+
+
 class MissingToolchainError(EdgekitError):
     """An optional toolchain is not installed; the message names the extra."""
 

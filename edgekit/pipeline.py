@@ -25,7 +25,7 @@ from edgekit.analyze import ModelStats
 from edgekit.errors import InputSpecError, ProfileError, VerificationError
 from edgekit.fsutil import atomic_dir, check_replaceable, work_dir
 from edgekit.ingest import Model
-from edgekit.profiles import default_board, load_board, load_target
+from edgekit.profiles import default_board, load_board, load_target, override_tolerances
 from edgekit.stages import GOLDEN_FILE, bundle_name, check_precision  # noqa: F401 - the pipeline's API
 from edgekit.verify import Verification
 
@@ -89,13 +89,15 @@ def convert(
     fail_on_verification: bool = True,
     output_kinds: dict[str, str] | None = None,
     eval_output: str | None = None,
+    tolerance: dict[str, float] | None = None,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out`` (default
     ``build/<model>-<target>-<precision>``, the precision as planned).
 
     ``model`` may be an already loaded :class:`Model` (not loaded again), and ``analysis``
     that Model's ``analyze_model(model, work, target)`` result (stats, float graph), which is
-    then not analyzed or exported again: the planner passes both for its builds.
+    then not analyzed or exported again: the planner passes both for its builds. ``tolerance`` changes fields of
+    the target's tolerances (``{"max_accuracy_drop_points": 2}``; `edgekit matrix` per-cell overrides).
     """
     from edgekit.converters import ConvertJob, check_options, get_converter
 
@@ -109,6 +111,8 @@ def convert(
     if out is not None:  # a foreign -o is refused before minutes of work, and again at the end
         check_replaceable(Path(os.path.abspath(out)))
     tgt = load_target(target)
+    if tolerance:
+        tgt = override_tolerances(tgt, tolerance)
     options = check_options(tgt.converter, options) or None
     brd = load_board(board, board_set) if board else default_board(target)
     if board_set and not board:

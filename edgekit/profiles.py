@@ -325,6 +325,15 @@ def load_target(name: str) -> Target:
     return target
 
 
+def override_tolerances(target: Target, changes: dict[str, Any]) -> Target:
+    """``target`` with ``changes`` applied to the tolerance of every precision, checked like the profile."""
+    try:
+        tols = {p: Tolerance.model_validate({**t.model_dump(), **changes}) for p, t in target.tolerances.items()}
+    except ValidationError as exc:
+        raise ProfileError(_fmt_validation(f"target {target.name} with tolerance {changes}", exc)) from None
+    return target.model_copy(update={"tolerances": tols})
+
+
 def check_against_registry(target: Target, path: Path | str) -> None:
     """A target profile agrees with its converter's registry entry: the converter exists, offers every
     precision the target lists, and is installed by the target's extra."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ENV = "EDGEKIT_RESULTS_DB"
-KINDS = ("convert", "bundle", "flash", "smoke")
+KINDS = ("convert", "bundle", "flash", "smoke", "matrix")  # matrix: one cell of `edgekit matrix`
 # Fields kept in their own columns (queried); everything else lives in `data` (JSON).
 COLUMNS = ("board_id", "model_sha256", "precision", "bundle", "estimated_latency_ms", "measured_latency_ms", "passed")
 

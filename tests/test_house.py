@@ -94,7 +94,7 @@ def test_core_imports_no_converter_and_the_cli_modules_not_their_entry():
     g = import_graph()
     for m in ("edgekit.analyze", "edgekit.ingest", "edgekit.verify", "edgekit.stages", "edgekit.pipeline"):
         assert not {d for d in g[m] if d.startswith("edgekit.converters.")}, m  # the registry only, no converter
-    for m in ("edgekit.cli.convert", "edgekit.cli.flash", "edgekit.cli.plan", "edgekit.cli.profiles"):
+    for m in ("edgekit.cli.convert", "edgekit.cli.flash", "edgekit.cli.matrix", "edgekit.cli.plan", "edgekit.cli.profiles"):
         assert "edgekit.cli" not in g[m], m
 
 

@@ -161,7 +161,7 @@ def smoke(
 
 @app.command("results")
 def results_cmd(
-    kind: Annotated[str | None, typer.Option("--kind", help="convert | bundle | flash | smoke")] = None,
+    kind: Annotated[str | None, typer.Option("--kind", help="convert | bundle | flash | smoke | matrix")] = None,
     board: Annotated[str | None, typer.Option("--board", "-b", help="only this board id")] = None,
     limit: Annotated[int, typer.Option("--limit", "-n", help="newest N (0 = all)")] = 50,
     results_db: DbOpt = None,
