@@ -44,6 +44,7 @@ class ConvertResult:
     timings_s: dict[str, float]
     warnings: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    cache: dict[str, Any] | None = None  # {"hit", "key", "built_utc"}: the build cache's part (edgekit.cache)
 
 
 class _Clock:
@@ -90,6 +91,8 @@ def convert(
     output_kinds: dict[str, str] | None = None,
     eval_output: str | None = None,
     tolerance: dict[str, float] | None = None,
+    cache: bool = True,
+    cache_dir: str | Path | None = None,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out`` (default
     ``build/<model>-<target>-<precision>``, the precision as planned).
@@ -98,6 +101,9 @@ def convert(
     that Model's ``analyze_model(model, work, target)`` result (stats, float graph), which is
     then not analyzed or exported again: the planner passes both for its builds. ``tolerance`` changes fields of
     the target's tolerances (``{"max_accuracy_drop_points": 2}``; `edgekit matrix` per-cell overrides).
+
+    A build verified before with the same inputs comes from the build cache (:mod:`edgekit.cache`; ``cache=False``
+    rebuilds, ``cache_dir`` overrides its folder) without loading any ML framework.
     """
     from edgekit.converters import ConvertJob, check_options, get_converter
 
@@ -122,6 +128,19 @@ def convert(
     precision = precision or tgt.default_precision
     if precision != "auto":  # "auto" is resolved by the plan stage from the analysis
         check_precision(precision, tgt, brd)  # --calib for INT8 is checked in compress: an op refusal comes first
+    bc = None
+    if cache:
+        from edgekit import cache as build_cache
+
+        bc = build_cache.open_cache(
+            model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
+            trust_pickle=trust_pickle, opset=opset, golden_count=golden_count, options=options,
+            output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log)
+        hit = bc.restore(out, lambda man: Path(DEFAULT_BUILD_ROOT) / man["name"], log) if bc else None
+        if hit is not None:
+            res = ConvertResult(*build_cache.hit_result(bc, *hit, warn))
+            _record(res, warn)
+            return res
     warnings: list[str] = []
 
     def _warn(msg: str) -> None:
@@ -134,6 +153,8 @@ def convert(
         with clock.stage("ingest"):
             ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb, consts)
         with clock.stage("analyze"):
+            if analysis is None and bc is not None:  # the float export + analysis, cached without the precision
+                analysis = bc.analysis(ing.model, tgt, work, opset, log)
             an = stages.analyze(ing, tgt, work, opset, options, _warn, analysis, precision)
         with clock.stage("plan"):
             planned = stages.plan(ing, an, tgt, brd, precision, log, options)
@@ -163,16 +184,29 @@ def convert(
         verification = checked.verification
         result = ConvertResult(Path(out).resolve(), manifest, verification, an.stats, clock.times, warnings,
                                artifact.notes)
-    try:  # results store (edgekit.results): a full disk or locked db must not fail a finished conversion
-        from edgekit.results import manifest_fields, record
-
-        record("convert", **manifest_fields(manifest), passed=verification.passed, out=str(result.out_dir),
-               timings_s=manifest.get("timings_s"), verification=manifest.get("verification"))
-    except Exception as exc:  # noqa: BLE001
-        warn(f"results store not updated: {exc}")
+    if bc is not None and verification.passed:  # only verified builds are stored; a failed one is rebuilt each time
+        try:
+            bc.store(result.out_dir, an.stats.to_json(), artifact.notes)
+            result.cache = {"hit": False, "key": bc.key, "built_utc": manifest.get("created_utc")}
+        except OSError as exc:  # a full or read-only cache folder never fails a finished conversion
+            warn(f"build cache not updated: {exc}")
+    _record(result, warn)
     if not verification.passed and fail_on_verification:
         raise VerificationError(
             "host verification failed: " + "; ".join(verification.failures)
             + f" (build kept for inspection in {result.out_dir}, marked failed)"
         )
     return result
+
+
+def _record(result: ConvertResult, warn: Callable[[str], None]) -> None:
+    """The results store (edgekit.results): a full disk or locked db must not fail a finished conversion."""
+    try:
+        from edgekit.results import manifest_fields, record
+
+        man = result.manifest
+        record("convert", **manifest_fields(man), passed=result.verification.passed, out=str(result.out_dir),
+               timings_s=man.get("timings_s"), verification=man.get("verification"),
+               cache_hit=bool(result.cache and result.cache["hit"]))
+    except Exception as exc:  # noqa: BLE001
+        warn(f"results store not updated: {exc}")

@@ -42,5 +42,13 @@ def _isolated_user_dirs(tmp_path_factory):
     mp.undo()
 
 
+@pytest.fixture(autouse=True)
+def _own_build_cache(tmp_path_factory, monkeypatch):
+    """Each test converts with an empty build cache of its own (a test that breaks a converter on purpose must not
+    be served the build another test verified); module-scoped fixtures, set up before this, share the session's
+    cache under the data folder, so identical builds in two modules are built once."""
+    monkeypatch.setenv("EDGEKIT_CACHE_DIR", str(tmp_path_factory.mktemp("edgekit-cache", numbered=True)))
+
+
 def pytest_report_header(config):
     return f"edgekit root: {ROOT}; CI={os.environ.get('CI', '')}"

@@ -48,3 +48,8 @@ ConstOpt = Annotated[
     list[str] | None,
     typer.Option("--const", help="ONNX: fold an input into the graph as a constant, e.g. sr=16000 (repeat per input)"),
 ]
+
+CacheDirOpt = Annotated[
+    str | None,
+    typer.Option("--cache-dir", help="build cache folder (default $EDGEKIT_CACHE_DIR, else cache/ in edgekit's data folder)"),
+]

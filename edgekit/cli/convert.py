@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import ConstOpt, SetOpt, ShapeOpt, app, console, err, mb
+from edgekit.cli.common import CacheDirOpt, ConstOpt, SetOpt, ShapeOpt, app, console, err, mb
 
 
 @app.command()
@@ -32,6 +32,8 @@ def convert(
     output_kind: Annotated[list[str] | None, typer.Option("--output-kind", help="how an output is judged: NAME=class|regression|mask|index (default: inferred)")] = None,
     eval_output: Annotated[str | None, typer.Option("--eval-output", help="the output --eval labels are scored on (default: the first class output)")] = None,
     max_data_mb: Annotated[float | None, typer.Option("--max-data-mb", help="largest --calib/--eval arrays to load, MB (default 1024; env EDGEKIT_MAX_DATA_MB)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild even when the build cache holds this build")] = False,
+    cache_dir: CacheDirOpt = None,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
     from edgekit.pipeline import convert as run_convert
@@ -55,10 +57,16 @@ def convert(
                 output_kind, "--output-kind", "landmarks=regression").items()} or None,
             eval_output=eval_output, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=on_stage,
+            cache=not no_cache, cache_dir=cache_dir,
         )
     finally:
         status.stop()
     man = res.manifest
+    if res.cache and res.cache["hit"]:
+        from edgekit.cache import age
+
+        err.print(f"[green]✓[/] cache hit {res.cache['key'][:12]}: built {res.cache['built_utc']} "
+                  f"({age(res.cache['built_utc'])} ago), verified then; --no-cache rebuilds")
     if as_json:
         print(json.dumps(man, indent=2))
         return
