@@ -10,7 +10,9 @@ A module exposes ``CONVERTER``, an object with ``convert(job) -> Artifact`` and
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -120,6 +122,15 @@ class ConvertJob:
     float_onnx: Path | None = None  # the float ONNX export the analyze stage made (reuse it, don't export twice)
     warn: Callable[[str], None] = print
     float_tflite: Path | None = None  # the fp32 .tflite the analyze stage made from a Keras / SavedModel model
+    step: Callable[[str, str], None] = lambda name, msg: None  # progress of a long sub-step: "start", "3/16", "1.2 s"
+
+    @contextmanager
+    def substep(self, name: str) -> Iterator[None]:
+        """A long part of the conversion (calibration, compilation), shown as a sub-step of the convert stage."""
+        self.step(name, "start")
+        t0 = time.perf_counter()
+        yield
+        self.step(name, f"{time.perf_counter() - t0:.2f} s")
 
 
 @dataclass

@@ -105,7 +105,8 @@ class CoreMLConverter:
                 "run this conversion on a Mac, or choose int8-weight or int4-weight on Linux"
             )
         t0 = time.perf_counter()
-        mlmodel, source_route = self._convert_torch(job, ct, ios)
+        with job.substep("MIL conversion"):
+            mlmodel, source_route = self._convert_torch(job, ct, ios)
         kept_fp32: dict[str, float] = {}
         if job.precision != "fp32" and fp16_overflow(job, mlmodel):
             # some values exceed fp16's range: convert at fp32 (stable op names), measure each op there, and run

@@ -117,7 +117,8 @@ class Hls4mlConverter:
                 mw, output_dir=str(prj), project_name=PROJECT, io_type="io_stream" if is_cnn else "io_parallel",
                 backend=backend, hls_config=cfg, clock_period=round(1000.0 / fpga.fabric_clock_mhz, 3), **kwargs)
             t0 = time.perf_counter()
-            hm.compile()
+            with job.substep("C-sim compile"):
+                hm.compile()
             compile_s = time.perf_counter() - t0
         job.log(f"hls4ml {backend} C simulation compiled with g++ in {compile_s:.1f} s")
         wraps = _wrap_risks(hm)

@@ -86,10 +86,13 @@ class TensorRTConverter:
 
         class Reader(q.CalibrationDataReader):
             def __init__(self) -> None:
-                self.it = iter(feeds)
+                self.it, self.done = iter(feeds), 0
 
             def get_next(self):
-                return next(self.it, None)
+                feed = next(self.it, None)
+                self.done += feed is not None
+                job.step("calibration", f"{self.done}/{len(feeds)}")  # a sub-step row in convert's progress
+                return feed
 
         excluded = job.options.get("keep_float_nodes") or []
         method_name = job.options.get("calibration") or "minmax"

@@ -417,13 +417,15 @@ class TFLiteConverter:
                     prepared(*sample)
                 else:
                     assert job.calib is not None  # the pipeline refuses int8 without --calib
-                    for feed in job.calib.batches(m):
-                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
-                        n_batches += 1
+                    with job.substep("calibration"):
+                        for feed in job.calib.batches(m):
+                            prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
+                            n_batches += 1
             converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=False)
         if not dynamic and n_batches == 0:
             raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
-        edge = self._lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
+        with job.substep("TFLite lowering"):
+            edge = self._lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
         info: dict[str, Any] = {
             "tool": "litert-torch PT2E " + ("dynamic" if dynamic else "static"),
             "weights": "int8 symmetric per-channel",

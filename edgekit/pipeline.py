@@ -26,6 +26,7 @@ from edgekit.errors import InputSpecError, ProfileError, VerificationError
 from edgekit.fsutil import atomic_dir, check_replaceable, work_dir
 from edgekit.ingest import Model
 from edgekit.profiles import default_board, load_board, load_target, override_tolerances
+from edgekit.quiet import TOOLCHAIN_LOG, toolchain_output
 from edgekit.stages import GOLDEN_FILE, bundle_name, check_precision  # noqa: F401 - the pipeline's API
 from edgekit.verify import Verification
 
@@ -93,6 +94,7 @@ def convert(
     tolerance: dict[str, float] | None = None,
     cache: bool = True,
     cache_dir: str | Path | None = None,
+    verbose: bool = False,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out`` (default
     ``build/<model>-<target>-<precision>``, the precision as planned).
@@ -104,6 +106,10 @@ def convert(
 
     A build verified before with the same inputs comes from the build cache (:mod:`edgekit.cache`; ``cache=False``
     rebuilds, ``cache_dir`` overrides its folder) without loading any ML framework.
+
+    What the toolchains print is captured into the build's ``toolchain.log`` (shown live too with
+    ``verbose``); ``log``, ``warn`` and ``on_stage`` are edgekit's own messages. ``on_stage`` also hears
+    sub-steps of long stages as ``"convert/calibration"`` with ``"start"``, ``"3/16"`` or the time taken.
     """
     from edgekit.converters import ConvertJob, check_options, get_converter
 
@@ -148,7 +154,7 @@ def convert(
         warn(msg)
 
     clock = _Clock(on_stage)
-    with work_dir("edgekit-") as tmp:
+    with work_dir("edgekit-") as tmp, toolchain_output(echo=verbose) as toolchain:
         work = Path(tmp)
         with clock.stage("ingest"):
             ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb, consts)
@@ -170,6 +176,7 @@ def convert(
                 out_dir=out_tmp, work_dir=work, options={"opset": opset, **(options or {})}, log=log, warn=_warn,
                 float_onnx=an.float_graph if m.is_torch else None,
                 float_tflite=an.float_graph if m.is_tf else None,
+                step=lambda name, msg: on_stage(f"convert/{name}", msg),
             )
             conv = get_converter(tgt.converter)
             with clock.stage("convert"):
@@ -178,6 +185,7 @@ def convert(
                 checked = stages.verify(ing, lambda: conv.host_runner(job, artifact), comp,
                                         tgt.tolerances[planned.precision], artifact.runtime, planned.precision)
             with clock.stage("write"):
+                toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 versions = conv.versions() if hasattr(conv, "versions") else {}
                 manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, comp.calib,
                                         an.stats, versions, warnings, clock.times, planned.section, comp.record)

@@ -9,8 +9,10 @@ import logging
 import os
 import sys
 import tempfile
+import threading
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 
 def first_line(exc: BaseException, limit: int = 240) -> str:
@@ -75,3 +77,122 @@ def quiet_loggers(*names: str) -> Iterator[None]:
     finally:
         for lg, lv in zip(loggers, levels, strict=True):
             lg.setLevel(lv)
+
+
+TOOLCHAIN_LOG = "toolchain.log"  # in every build: what the toolchains printed while it was made
+_terminal: io.TextIOWrapper | None = None  # stderr as it was before the outermost toolchain capture began
+
+
+class _Terminal(io.TextIOBase):
+    """Where edgekit's own messages go (the CLI's consoles write here): the process's stderr, or while a
+    :func:`toolchain_output` capture runs, the stderr from before it began, so edgekit's lines stay on screen
+    while the toolchains' are captured."""
+
+    def _f(self):  # noqa: ANN202 - a text stream
+        return _terminal if _terminal is not None else sys.stderr
+
+    def write(self, s: str) -> int:
+        return self._f().write(s)
+
+    def flush(self) -> None:
+        self._f().flush()
+
+    def isatty(self) -> bool:
+        return self._f().isatty()
+
+    def fileno(self) -> int:
+        return self._f().fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return getattr(self._f(), "encoding", None) or "utf-8"
+
+
+terminal = _Terminal()
+
+
+class ToolchainOutput:
+    """What the toolchains printed during a :func:`toolchain_output` block; ``save`` ends the capture."""
+
+    def __init__(self, echo: bool) -> None:
+        self.echo = echo
+        self.chunks: list[bytes] = []
+        self._stop: Callable[[], None] = lambda: None
+
+    def text(self) -> str:
+        return b"".join(self.chunks).decode(errors="replace")
+
+    def save(self, path: Path) -> None:
+        """End the capture and write what it caught to ``path`` (the build's toolchain.log)."""
+        self._stop()
+        path.write_text(self.text())
+
+
+@contextlib.contextmanager
+def toolchain_output(echo: bool = False) -> Iterator[ToolchainOutput]:
+    """Everything the toolchains write during the block goes to the returned record instead of the screen:
+    file descriptors 1 and 2 are redirected into a pipe, so C/C++ logs (absl, oneDNN), Python warnings,
+    logging, print, progress bars and child processes are all caught; with ``echo`` they are also shown
+    live (``-v``). edgekit's own messages keep reaching the screen through :data:`terminal`. A block that
+    fails with a bug (not an EdgekitError, whose one line says it all) shows the last lines it caught. Nested blocks capture for themselves and echo into the outer one."""
+    global _terminal
+    out = ToolchainOutput(echo)
+    try:
+        for s in (sys.stdout, sys.stderr):
+            s.flush()
+        saved = (os.dup(1), os.dup(2))
+    except (OSError, AttributeError, ValueError):  # no real fds (an embedding host): nothing to capture
+        yield out
+        return
+    outer = _terminal
+    if outer is None:
+        _terminal = io.TextIOWrapper(os.fdopen(os.dup(saved[1]), "wb", buffering=0), encoding="utf-8",
+                                     errors="replace", line_buffering=True)
+    read, write = os.pipe()
+    os.dup2(write, 1)
+    os.dup2(write, 2)
+    os.close(write)
+
+    def drain() -> None:
+        while chunk := os.read(read, 1 << 16):
+            out.chunks.append(chunk)
+            if echo:
+                with contextlib.suppress(OSError):
+                    os.write(saved[1], chunk)
+
+    reader = threading.Thread(target=drain, name="edgekit-toolchain-log", daemon=True)
+    reader.start()
+    stopped = False
+
+    def stop() -> None:
+        global _terminal
+        nonlocal stopped
+        if stopped:
+            return
+        stopped = True
+        for s in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                s.flush()  # Python's buffered writes reach the pipe, not the screen after it
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        reader.join(timeout=5)  # EOF once the last write end is gone (a lingering child may hold one)
+        for fd in (read, *saved):
+            os.close(fd)
+        if outer is None and _terminal is not None:
+            _terminal.close()
+            _terminal = outer
+
+    out._stop = stop
+    try:
+        yield out
+    except BaseException as exc:
+        stop()
+        from edgekit.errors import EdgekitError
+
+        lines = [ln for ln in out.text().splitlines() if ln.strip()]
+        if lines and not echo and not isinstance(exc, EdgekitError | KeyboardInterrupt):  # a bug: its context
+            terminal.write(f"toolchain output, last {min(5, len(lines))} of {len(lines)} lines (-v shows all):\n"
+                           + "\n".join(f"  {ln[:300]}" for ln in lines[-5:]) + "\n")
+        raise
+    finally:
+        stop()

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from edgekit.quiet import terminal
 from edgekit.report_md import fmt_size as mb  # noqa: F401 - the one size format, for the command modules
 
 app = typer.Typer(
@@ -36,7 +37,7 @@ boards_app = typer.Typer(help="List board profiles, or show one (`edgekit boards
 app.add_typer(boards_app, name="boards")
 
 console = Console()
-err = Console(stderr=True)
+err = Console(file=terminal)  # stderr; edgekit's own lines stay on screen while toolchain output is captured
 
 SetOpt = Annotated[list[str] | None, typer.Option("--set", help="override a board field: key=value (dotted for tables)")]
 ShapeOpt = Annotated[

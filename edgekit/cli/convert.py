@@ -34,21 +34,14 @@ def convert(
     max_data_mb: Annotated[float | None, typer.Option("--max-data-mb", help="largest --calib/--eval arrays to load, MB (default 1024; env EDGEKIT_MAX_DATA_MB)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild even when the build cache holds this build")] = False,
     cache_dir: CacheDirOpt = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the toolchains' own output live (always kept in the build's toolchain.log)")] = False,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
+    from edgekit.cli.progress import StageProgress
     from edgekit.pipeline import convert as run_convert
     from edgekit.profiles import parse_overrides
 
-    status = err.status("starting…")
-    status.start()
-
-    def on_stage(name: str, msg: str) -> None:
-        if msg == "start":
-            status.update(f"[bold]{name}[/]…")
-        else:
-            err.print(f"[green]✓[/] {name:<8} {msg}")
-
-    try:
+    with StageProgress(live=not verbose) as progress:
         res = run_convert(
             model, target=target, out=out, board=board, precision=precision, calib=calib, eval_data=eval_data,
             input_shape=input_shape, consts=const, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
@@ -56,11 +49,9 @@ def convert(
             max_data_mb=max_data_mb, output_kinds={k: str(v) for k, v in parse_overrides(
                 output_kind, "--output-kind", "landmarks=regression").items()} or None,
             eval_output=eval_output, log=lambda m: err.print(f"  [dim]{m}[/]"),
-            warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=on_stage,
+            warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=progress.on_stage, verbose=verbose,
             cache=not no_cache, cache_dir=cache_dir,
         )
-    finally:
-        status.stop()
     man = res.manifest
     if res.cache and res.cache["hit"]:
         from edgekit.cache import age
