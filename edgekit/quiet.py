@@ -145,7 +145,12 @@ def toolchain_output(echo: bool = False) -> Iterator[ToolchainOutput]:
         yield out
         return
     outer = _terminal
-    if outer is None:
+    try:
+        on_fd2 = sys.stderr.fileno() == 2
+    except (OSError, AttributeError, ValueError):
+        on_fd2 = False
+    opened = outer is None and on_fd2  # else edgekit's lines go where sys.stderr goes (a test's runner)
+    if opened:
         _terminal = io.TextIOWrapper(os.fdopen(os.dup(saved[1]), "wb", buffering=0), encoding="utf-8",
                                      errors="replace", line_buffering=True)
     read, write = os.pipe()
@@ -178,9 +183,9 @@ def toolchain_output(echo: bool = False) -> Iterator[ToolchainOutput]:
         reader.join(timeout=5)  # EOF once the last write end is gone (a lingering child may hold one)
         for fd in (read, *saved):
             os.close(fd)
-        if outer is None and _terminal is not None:
+        if opened and _terminal is not None:
             _terminal.close()
-            _terminal = outer
+            _terminal = None
 
     out._stop = stop
     try:
