@@ -18,7 +18,7 @@ OURS = re.compile(r"^(✓ +\S|  \S|warning: |note: )")
 def _convert(digits, out, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "500"}  # one line per message: no wrapping to tell apart
     cmd = [sys.executable, "-m", "edgekit", "convert", str(digits["model"]), "-o", str(out),
-           "--calib", str(digits["calib"]), *args]
+           "--calib", str(digits["calib"]), "--no-cache", *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
