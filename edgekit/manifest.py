@@ -76,6 +76,7 @@ class SourceModel(_Record):
     prepared: list[str] | None = None
     consts: dict[str, Any] | None = None
     bridge: str | None = None
+    finetuned_from: dict[str, Any] | None = None  # edgekit finetune's record: the float model (path, sha256), recipe
 
 
 class CalibrationRecord(_Record):

@@ -52,6 +52,8 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         *[f"- prepared: {step}" for step in man["source_model"].get("prepared") or []],
         *([f"- rebuilt in torch by {man['source_model']['bridge']} for this target's converter; the float "
            "reference is onnxruntime on the prepared graph"] if man["source_model"].get("bridge") else []),
+        *([f"- fine-tuned (edgekit finetune, {ft['recipe']['target']} INT8 in the loop) from `{ft['path']}` "
+           f"(sha256 {ft['sha256'][:12]}…)"] if (ft := man["source_model"].get("finetuned_from")) else []),
         f"- target: **{man['target']}** ({man['format']}), precision **{man['precision']}**",
         f"- board: **{man['board']['id']}** — {man['board']['description']}",
         f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`"

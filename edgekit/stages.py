@@ -129,6 +129,16 @@ def check_precision(precision: str, target: Target, board: Board) -> None:
         )
 
 
+def _finetuned(m: Model) -> dict[str, Any]:
+    """A .pt2 that `edgekit finetune` wrote carries its origin and recipe: the manifest shows them."""
+    if m.kind != "exported_program":
+        return {}
+    from edgekit.finetune import read_record
+
+    rec = read_record(m.source)
+    return {"finetuned_from": {**rec["finetuned_from"], "recipe": rec["recipe"]}} if rec else {}
+
+
 def check_calibration(precision: str, given: bool) -> None:
     if precision == "int8" and not given:
         raise InputSpecError(
@@ -334,7 +344,7 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
                   "profile": brd.model_dump(mode="json")},
         "source_model": {"path": m.source, "kind": "onnx" if m.onnx_prep is not None else m.kind, "sha256": m.sha256,
                          **({"prepared": m.onnx_prep.steps, "consts": m.onnx_prep.consts or None, "bridge": m.bridge}
-                            if m.onnx_prep is not None else {})},
+                            if m.onnx_prep is not None else {}), **_finetuned(m)},
         "inputs": [s.to_json() for s in m.inputs],
         "outputs": [s.to_json() for s in m.outputs],
         "calibration": None if calib_ds is None else {

@@ -1,0 +1,678 @@
+"""``edgekit finetune``: label-free distillation with INT8 quantization in the loop.
+
+Teacher: the float model. Student: a copy of its graph with batch norms folded into the convolutions
+(as the target's converter folds them) and fake quantization where the target quantizes: per-channel
+symmetric int8 weights of every convolution and linear layer, per-tensor int8 activations at the graph
+inputs and after every compute op (a ReLU or batch norm that follows is fused into the op before it).
+Activation ranges are min/max over the data, measured once on the float model and then held; weights
+learn around them with a straight-through estimator. The loss is distillation on the outputs (KL at a
+temperature for ``class`` outputs, MSE for the others; the kinds are inferred as verify infers them)
+and, with ``feature_weight``, MSE on every quantized activation. No labels are read.
+
+What flows back into ``convert``: the learned float weights (batch norms folded), saved as a ``.pt2``
+that convert quantizes again from ``--calib``. Weight scales follow from the weights (per-channel
+max |w| / 127, what the targets compute); the activation ranges used in training are recorded in the
+file's ``edgekit-finetune.json`` (the recipe, ``finetuned_from``), not imposed on convert.
+
+Runs on one process or under ``torchrun`` (DistributedDataParallel, gloo on CPU, nccl on CUDA): the
+global batch is split across the processes, so the same command trains the same model; only rank 0
+writes checkpoints, the output and the progress.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.data import Dataset
+from edgekit.deps import require
+from edgekit.errors import InputSpecError, ModelLoadError, OutputError
+from edgekit.ingest import Model
+
+RECORD = "edgekit-finetune.json"  # the recipe, inside the written .pt2 (torch.export.save extra_files)
+# the targets whose INT8 the student models: per-channel symmetric int8 weights, per-tensor int8 activations,
+# symmetric on jetson (TensorRT's Q/DQ), asymmetric on android (TFLite)
+SYMMETRIC_ACTS = {"jetson": True, "android": False}
+TARGETS = tuple(SYMMETRIC_ACTS)
+CKPT_FORMAT = 1
+
+
+@dataclass
+class FinetuneResult:
+    out: Path | None  # the fine-tuned .pt2 (None on ranks other than 0)
+    steps: int
+    epochs: int
+    world_size: int
+    amp: str | None  # "bf16" | "fp16" | None
+    loss_before: float  # distillation loss of the fake-quant student on all the data, before training
+    loss_after: float
+    agreement_before: float | None  # top-1 agreement of the fake-quant student with the float model (class output)
+    agreement_after: float | None
+    seconds: float
+    seconds_per_epoch: float
+    checkpoints: list[Path] = field(default_factory=list)
+    record: dict[str, Any] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- fake quantization
+
+
+def _fq_modules():
+    torch = require("torch")
+
+    class ActFQ(torch.nn.Module):
+        """Per-tensor int8 fake quantization (symmetric or not) with a held range (observe -> freeze)."""
+
+        def __init__(self, symmetric: bool) -> None:
+            super().__init__()
+            self.symmetric = symmetric
+            self.register_buffer("lo", torch.tensor(float("inf")))
+            self.register_buffer("hi", torch.tensor(float("-inf")))
+            self.register_buffer("scale", torch.tensor(1.0))
+            self.register_buffer("zero_point", torch.tensor(0, dtype=torch.int32))
+            self.mode = "off"  # off | observe | quant
+            self.capture: list[Any] | None = None
+
+        def freeze(self) -> None:
+            lo, hi = min(float(self.lo), 0.0), max(float(self.hi), 0.0)
+            if self.symmetric:  # TensorRT: zero point 0, the range [-127, 127] * scale
+                self.scale.fill_(max(max(-lo, hi) / 127.0, 1e-8))
+                self.zero_point.fill_(0)
+            else:
+                scale = max((hi - lo) / 255.0, 1e-8)
+                self.scale.fill_(scale)
+                self.zero_point.fill_(int(np.clip(round(-128 - lo / scale), -128, 127)))
+            self.mode = "quant"
+
+        def forward(self, x):
+            if self.mode == "observe":
+                with torch.no_grad():
+                    self.lo.copy_(torch.minimum(self.lo, x.min().float()))
+                    self.hi.copy_(torch.maximum(self.hi, x.max().float()))
+            elif self.mode == "quant":
+                with torch.autocast(x.device.type, enabled=False):
+                    x = torch.fake_quantize_per_tensor_affine(x.float(), self.scale, self.zero_point, -128, 127)
+            if self.capture is not None:
+                self.capture.append(x)
+            return x
+
+    class WeightFQ(torch.nn.Module):
+        """Per-channel (axis 0) symmetric int8 fake quantization; the scale follows the weight (max |w| / 127)."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.mode = "off"
+
+        def forward(self, w):
+            if self.mode != "quant":
+                return w
+            amax = w.detach().abs().reshape(w.shape[0], -1).amax(dim=1).float()
+            scale = torch.clamp(amax / 127.0, min=1e-12)
+            zp = torch.zeros(w.shape[0], dtype=torch.int32, device=w.device)
+            with torch.autocast(w.device.type, enabled=False):
+                return torch.fake_quantize_per_channel_affine(w.float(), scale, zp, 0, -127, 127)
+
+    return ActFQ, WeightFQ
+
+
+def _graph_module(model: Model):
+    """The model's graph as a plain fx GraphModule: positional inputs -> tuple of outputs, no batch guard."""
+    torch = require("torch")
+    if model.kind == "torchscript" or not model.is_torch:
+        raise ModelLoadError(
+            f"{model.source}: finetune needs a torch model it can trace (.pt2 ExportedProgram, pkg.module:factory "
+            f"or a pickled module); a {model.kind} model has no trainable graph here: export it with "
+            "torch.export.save")
+    ep = model.exported
+    if ep is None:
+        feeds = model.example_feeds()
+        ep = torch.export.export(model.torch_module, tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs))
+    src = ep.module()
+    graph = copy.deepcopy(src.graph)
+    for n in list(graph.nodes):
+        if n.op == "call_module" and n.target.startswith("_guards"):  # torch.export's input-shape guard
+            graph.erase_node(n)
+    graph._codegen = torch.fx.graph.CodeGen()  # plain positional in, flat tuple out
+    gm = torch.fx.GraphModule(src, graph)
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+def _fold_batch_norms(gm) -> int:
+    """Fold eval-mode batch norms that follow a convolution into its weight and bias (as the converters do)."""
+    torch = require("torch")
+    aten = torch.ops.aten
+    folded = 0
+    for bn in list(gm.graph.nodes):
+        if bn.op != "call_function" or bn.target != aten.batch_norm.default:
+            continue
+        conv = bn.args[0]
+        if (not isinstance(conv, torch.fx.Node) or conv.target != aten.conv2d.default or len(conv.users) != 1
+                or bn.args[5] is not False):
+            continue
+        w_node = conv.args[1]
+        b_node = conv.args[2] if len(conv.args) > 2 else None
+        gamma, beta, mean, var = (gm.get_parameter(a.target) if a.target in dict(gm.named_parameters())
+                                  else gm.get_buffer(a.target) for a in bn.args[1:5])
+        eps = bn.args[7]
+        with torch.no_grad():
+            factor = gamma / torch.sqrt(var + eps)
+            w = gm.get_parameter(w_node.target)
+            w.mul_(factor.reshape(-1, *([1] * (w.dim() - 1))))
+            b = gm.get_parameter(b_node.target) if b_node is not None else torch.zeros_like(mean)
+            new_b = (b - mean) * factor + beta
+        if b_node is None:
+            name = w_node.target.replace(".", "_") + "_folded_bias"
+            gm.register_parameter(name, torch.nn.Parameter(new_b))
+            with gm.graph.inserting_before(conv):
+                b_node = gm.graph.get_attr(name)
+            args = list(conv.args) + [None] * (3 - len(conv.args))
+            args[2] = b_node
+            conv.args = tuple(args)
+        else:
+            with torch.no_grad():
+                b.copy_(new_b)
+        bn.replace_all_uses_with(conv)
+        gm.graph.erase_node(bn)
+        folded += 1
+    gm.graph.eliminate_dead_code()
+    gm.recompile()
+    used = {n.target for n in gm.graph.nodes if n.op == "get_attr"}
+    for name, p in gm.named_parameters():  # the folded batch norms' own: left out of training (and of DDP)
+        p.requires_grad_(name in used)
+    return folded
+
+
+_SHAPE_OPS = ("flatten", "view", "reshape", "_unsafe_view", "permute", "transpose", "squeeze", "unsqueeze",
+              "contiguous", "clone", "dropout", "expand", "t", "getitem", "max_pool2d", "cat", "pad", "detach",
+              "alias", "slice", "select", "split", "chunk", "unbind", "identity")
+_FUSED_NEXT = ("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "batch_norm")
+
+
+def _op_name(node) -> str:
+    t = node.target
+    return getattr(t, "__name__", str(t)).split(".")[0]
+
+
+def _insert_fake_quant(gm, symmetric: bool) -> tuple[int, int]:
+    """Fake-quantize conv/linear weights and the activations the target quantizes; returns (weights, activations)."""
+    torch = require("torch")
+    ActFQ, WeightFQ = _fq_modules()
+    aten = torch.ops.aten
+    graph = gm.graph
+    n_w = n_a = 0
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in (aten.conv2d.default, aten.linear.default, aten.conv1d.default):
+            w = node.args[1]
+            if isinstance(w, torch.fx.Node) and w.op == "get_attr":
+                name = f"fq_w{n_w}"
+                gm.add_submodule(name, WeightFQ())
+                with graph.inserting_after(w):
+                    q = graph.call_module(name, (w,))
+                node.replace_input_with(w, q)
+                n_w += 1
+    for node in list(graph.nodes):
+        val = node.meta.get("val")
+        is_float = val is not None and hasattr(val, "dtype") and val.dtype.is_floating_point
+        if node.op == "placeholder":
+            wanted = is_float
+        elif node.op == "call_function" and is_float:
+            users = list(node.users)
+            wanted = (_op_name(node) not in _SHAPE_OPS
+                      and not (users and all(u.op == "call_function" and _op_name(u) in _FUSED_NEXT for u in users)))
+        else:
+            wanted = False
+        if not wanted:
+            continue
+        name = f"fq_a{n_a}"
+        gm.add_submodule(name, ActFQ(symmetric))
+        with graph.inserting_after(node):
+            q = graph.call_module(name, (node,))
+        node.replace_all_uses_with(q, delete_user_cb=lambda u, q=q: u is not q)
+        n_a += 1
+    graph.lint()
+    gm.recompile()
+    return n_w, n_a
+
+
+def _set_mode(module, mode: str) -> None:
+    for m in module.modules():
+        if hasattr(m, "mode") and type(m).__name__ in ("ActFQ", "WeightFQ"):
+            m.mode = mode
+
+
+def _act_fqs(module) -> list[Any]:
+    return [m for m in module.modules() if type(m).__name__ == "ActFQ"]
+
+
+# ---------------------------------------------------------------- loss and batches
+
+
+def _chunked(student, chunk: int | None):
+    """Run a batch through a graph exported at a fixed batch size, ``chunk`` samples at a time (one module,
+    one forward: DistributedDataParallel sees one call per step)."""
+    torch = require("torch")
+
+    class Chunked(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = student
+
+        def forward(self, *xs):
+            if chunk is None:
+                return self.net(*xs)
+            outs = [self.net(*(x[i:i + chunk] for x in xs)) for i in range(0, len(xs[0]), chunk)]
+            return tuple(torch.cat([o[k] for o in outs]) for k in range(len(outs[0])))
+
+    return Chunked()
+
+
+def _batch_chunk(student, xs) -> int | None:
+    """None when the graph takes any batch size (checked against sample-by-sample results), else the model's."""
+    torch = require("torch")
+    n = min(4, len(xs[0]))
+    with torch.no_grad():
+        try:
+            whole = student(*(x[:n] for x in xs))
+        except Exception:  # noqa: BLE001 - a graph with a fixed batch (a reshape to it) refuses other sizes
+            return 1
+        one = [student(*(x[i:i + 1] for x in xs)) for i in range(n)]
+    for k, w in enumerate(whole):
+        if w.shape[:1] != (n,) or not torch.allclose(w, torch.cat([o[k] for o in one]), rtol=1e-4, atol=1e-5):
+            return 1
+    return None
+
+
+def _loss(s_outs, t_outs, kinds: list[str], temperature: float, s_feats=None, t_feats=None,
+          feature_weight: float = 0.0):
+    torch = require("torch")
+    F = torch.nn.functional
+    total = 0.0
+    for s, t, kind in zip(s_outs, t_outs, kinds, strict=True):
+        s, t = s.float().reshape(len(s), -1), t.float().reshape(len(t), -1)
+        if kind == "class":
+            T = temperature
+            total = total + F.kl_div(F.log_softmax(s / T, 1), F.log_softmax(t / T, 1), reduction="batchmean",
+                                     log_target=True) * T * T
+        else:
+            total = total + F.mse_loss(s, t)
+    if feature_weight and s_feats:
+        feat = sum(F.mse_loss(a.float(), b.float()) for a, b in zip(s_feats, t_feats, strict=True)) / len(s_feats)
+        total = total + feature_weight * feat
+    return total
+
+
+def _tensors(data: Dataset, model: Model):
+    torch = require("torch")
+    return [torch.from_numpy(np.ascontiguousarray(data.inputs[s.name])) for s in model.inputs]
+
+
+def load_unlabeled(path: str | Path, model: Model, max_mb: float | None = None) -> Dataset:
+    """Inputs to distill on: a ``.npz`` (as ``--calib``; labels are ignored) or a folder of ``.npy`` files
+    (single-input models; each one sample or a stack of samples)."""
+    from edgekit.data import _check_values, load_npz
+
+    path = Path(path)
+    if not path.is_dir():
+        return load_npz(path, model, what="--data", max_mb=max_mb)
+    files = sorted(path.glob("*.npy"))
+    if not files:
+        raise InputSpecError(f"--data {path}: no .npy files in the folder; give a .npz or a folder of .npy inputs")
+    if len(model.inputs) != 1:
+        raise InputSpecError(f"--data {path}: a folder of .npy files feeds one input; the model has "
+                             f"{len(model.inputs)}: give a .npz with one array per input name")
+    spec = model.inputs[0]
+    sample = tuple(spec.shape[1:])
+    arrays = []
+    for f in files:
+        try:
+            a = np.load(f, allow_pickle=False)
+        except ValueError as exc:
+            raise InputSpecError(f"--data {f}: not a plain numpy array ({exc})") from None
+        a = a[None] if tuple(a.shape) == sample else a
+        if tuple(a.shape[1:]) != sample:
+            raise InputSpecError(f"--data {f}: shape {list(a.shape)}; the model takes samples of shape {list(sample)}")
+        _check_values(f"--data {f}", spec.name, a)
+        arrays.append(a.astype(spec.dtype, copy=False))
+    return Dataset(str(path), {spec.name: np.ascontiguousarray(np.concatenate(arrays))}, None, False)
+
+
+# ---------------------------------------------------------------- distributed
+
+
+def _dist_setup(device: str | None):
+    """(rank, world, device, initialized_here) from torchrun's environment; one process when absent."""
+    torch = require("torch")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    cuda = torch.cuda.is_available() if device in (None, "auto") else device.startswith("cuda")
+    if world <= 1:
+        return 0, 1, torch.device("cuda" if cuda else "cpu"), False
+    import torch.distributed as dist
+
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    dev = torch.device(f"cuda:{local}" if cuda else "cpu")
+    if cuda:
+        torch.cuda.set_device(dev)
+    here = False
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+        here = True
+    return dist.get_rank(), dist.get_world_size(), dev, here
+
+
+# ---------------------------------------------------------------- the API
+
+
+def finetune(
+    model: str | Path | Model,
+    data: str | Path | Dataset | np.ndarray,
+    out: str | Path,
+    target: str = "jetson",
+    epochs: int = 10,
+    batch_size: int = 32,
+    lr: float = 1e-4,
+    temperature: float = 4.0,
+    feature_weight: float = 0.0,
+    amp: bool = False,
+    checkpoint_every: int = 0,
+    checkpoint_dir: str | Path | None = None,
+    resume: str | Path | None = None,
+    seed: int = 0,
+    device: str | None = None,
+    input_shape: list[str] | None = None,
+    trust_pickle: bool = False,
+    max_data_mb: float | None = None,
+    on_step: Callable[[int, int, float], None] | None = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> FinetuneResult:
+    """Distill the float ``model`` into an INT8 fake-quant student on unlabeled ``data`` and write the learned
+    float weights to ``out`` (a ``.pt2`` that ``edgekit convert`` takes). Under ``torchrun`` each process takes
+    ``batch_size / world_size`` samples of every global batch; only rank 0 writes.
+
+    ``checkpoint_every`` N steps (and at the end) a checkpoint goes to ``checkpoint_dir`` (default
+    ``<out>.ckpt/``); ``resume`` continues one exactly (weights, optimizer, schedule, step, RNG)."""
+    torch = require("torch")
+    from edgekit.ingest import load_model
+    from edgekit.verify import infer_kinds
+
+    # every option is checked before any work
+    if target not in TARGETS:
+        raise InputSpecError(f"--target {target}: finetune models the INT8 of {', '.join(TARGETS)} (per-channel "
+                             "int8 weights, per-tensor int8 activations); choose one of them")
+    for name, v, lo in (("--epochs", epochs, 1), ("--batch-size", batch_size, 1), ("--checkpoint-every", checkpoint_every, 0)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < lo:
+            raise InputSpecError(f"{name} {v}: give an integer of at least {lo}")
+    if not lr > 0 or not temperature > 0 or feature_weight < 0:
+        raise InputSpecError("--lr and --temperature must be positive, --feature-weight zero or more")
+    out = Path(os.path.abspath(out))
+    if out.suffix != ".pt2":
+        raise InputSpecError(f"-o {out}: the fine-tuned model is a torch.export program; name it *.pt2")
+    _check_out(out)
+    ckpt_dir = Path(os.path.abspath(checkpoint_dir)) if checkpoint_dir else out.with_name(out.name + ".ckpt")
+    state = None
+    if resume is not None:
+        state = _load_checkpoint(Path(resume))
+
+    rank, world, dev, dist_here = _dist_setup(device)
+    if batch_size % world:
+        raise InputSpecError(f"--batch-size {batch_size} is the global batch; it must split evenly over the "
+                             f"{world} processes (give a multiple of {world})")
+    try:
+        m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle)
+        if isinstance(data, np.ndarray):
+            if len(m.inputs) != 1:
+                raise InputSpecError("an array of inputs feeds a single-input model; give a Dataset or a .npz")
+            data = Dataset("array", {m.inputs[0].name: np.ascontiguousarray(data, dtype=m.inputs[0].dtype)}, None)
+        ds = data if isinstance(data, Dataset) else load_unlabeled(data, m, max_data_mb)
+        n = len(ds)
+        steps_per_epoch = (n // world) // (batch_size // world)
+        if steps_per_epoch == 0:
+            raise InputSpecError(f"--data {ds.source}: {n} samples are fewer than one batch of {batch_size}; "
+                                 "give more inputs or a smaller --batch-size")
+        total = steps_per_epoch * epochs
+        kinds_by_name = infer_kinds(m, m.reference(), ds)
+        kinds = [kinds_by_name[s.name] for s in m.outputs]
+        recipe = {"target": target, "epochs": epochs, "batch_size": batch_size, "lr": lr,
+                  "temperature": temperature, "feature_weight": feature_weight, "amp": bool(amp), "seed": seed,
+                  "data": ds.source, "samples": n, "model_sha256": m.sha256}
+        if state is not None:
+            _check_resume(state, recipe, Path(resume))
+
+        torch.manual_seed(seed)
+        gm = _graph_module(m)
+        folded = _fold_batch_norms(gm)
+        n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target])
+        xs = _tensors(ds, m)
+        chunk = _batch_chunk(gm, xs)
+        if chunk is not None:
+            chunk = max(1, m.inputs[0].shape[0])
+            log(f"the graph is fixed at batch {chunk}: each batch runs {chunk} sample(s) at a time")
+        # activation ranges: min/max of the float model over all the data, on every rank alike, then held
+        _set_mode(gm, "observe")
+        with torch.no_grad():
+            for i in range(0, n, 64):
+                _chunked(gm, chunk)(*(x[i:i + 64] for x in xs))
+        for a in _act_fqs(gm):
+            a.freeze()
+        teacher = _chunked(copy.deepcopy(gm), chunk).to(dev).eval()
+        _set_mode(teacher, "off")
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        _set_mode(gm, "quant")
+        student = _chunked(gm, chunk).to(dev)
+
+        amp_kind = ("fp16" if dev.type == "cuda" else "bf16") if amp else None
+        amp_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16}.get(amp_kind)
+        scaler = torch.amp.GradScaler("cuda", enabled=amp_kind == "fp16")
+        opt = torch.optim.Adam([p for p in student.parameters() if p.requires_grad], lr=lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=total)
+        step = 0
+        if state is not None:
+            student.net.load_state_dict(state["student"])
+            opt.load_state_dict(state["optimizer"])
+            sched.load_state_dict(state["scheduler"])
+            scaler.load_state_dict(state["scaler"])
+            torch.set_rng_state(state["rng_cpu"])
+            step = int(state["step"])
+            log(f"resumed {resume} at step {step} of {total}")
+        train = student
+        if world > 1:
+            train = torch.nn.parallel.DistributedDataParallel(student, device_ids=[dev.index] if dev.type == "cuda" else None,
+                                                              forward_sync_buffers=False)
+
+        def losses(net, feats: bool):
+            """Distillation loss over all the data, and top-1 agreement of the first class output."""
+            total_loss, agree, count = 0.0, 0, 0
+            ci = kinds.index("class") if "class" in kinds else None
+            with torch.no_grad():
+                for i in range(0, n, 64):
+                    b = [x[i:i + 64].to(dev) for x in xs]
+                    s_f, t_f = _capture(net, feats), _capture(teacher, feats)
+                    so, to = net(*b), teacher(*b)
+                    _uncapture(net), _uncapture(teacher)
+                    total_loss += float(_loss(so, to, kinds, temperature, s_f, t_f, feature_weight)) * len(b[0])
+                    if ci is not None:
+                        agree += int((so[ci].reshape(len(b[0]), -1).argmax(1) == to[ci].reshape(len(b[0]), -1).argmax(1)).sum())
+                    count += len(b[0])
+            return total_loss / count, (agree / count if ci is not None else None)
+
+        loss_before, agree_before = losses(student, feature_weight > 0)
+        index = torch.utils.data.TensorDataset(torch.arange(n))
+        sampler = torch.utils.data.distributed.DistributedSampler(index, num_replicas=world, rank=rank, shuffle=True,
+                                                                  seed=seed, drop_last=True)
+        per_rank = batch_size // world
+        checkpoints: list[Path] = []
+        t0 = time.perf_counter()
+        trained = 0
+        while step < total:
+            epoch, skip = divmod(step, steps_per_epoch)
+            sampler.set_epoch(epoch)
+            order = torch.tensor(list(iter(sampler)))
+            for k in range(skip, steps_per_epoch):
+                idx = order[k * per_rank:(k + 1) * per_rank]
+                b = [x[idx].to(dev) for x in xs]
+                s_f, t_f = _capture(student, feature_weight > 0), _capture(teacher, feature_weight > 0)
+                with torch.no_grad():
+                    to = teacher(*b)
+                with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
+                    so = train(*b)
+                    loss = _loss(so, to, kinds, temperature, s_f, t_f, feature_weight)
+                _uncapture(student), _uncapture(teacher)
+                opt.zero_grad(set_to_none=True)
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+                sched.step()
+                step += 1
+                trained += 1
+                shown = loss.detach().float()
+                if world > 1:
+                    torch.distributed.all_reduce(shown)
+                    shown /= world
+                if rank == 0 and on_step is not None:
+                    on_step(step, total, float(shown))
+                if rank == 0 and ((checkpoint_every and step % checkpoint_every == 0) or step == total):
+                    checkpoints.append(_save_checkpoint(ckpt_dir, step, student, opt, sched, scaler, recipe))
+        seconds = time.perf_counter() - t0
+        loss_after, agree_after = losses(student, feature_weight > 0)
+        record = {"finetuned_from": {"path": m.source, "sha256": m.sha256},
+                  "recipe": {**recipe, "steps": total, "world_size": world, "amp": amp_kind,
+                             "loss": ("KL(T={:g}) on class outputs, MSE on others".format(temperature)
+                                      + (f", + {feature_weight:g} x feature MSE" if feature_weight else ""))},
+                  "student": {"weights": "int8 symmetric per-channel (fake-quant)", "weight_layers": n_w,
+                              "activations": ("int8 per-tensor " + ("symmetric" if SYMMETRIC_ACTS[target] else "asymmetric")
+                                              + ", min/max over the data, held"),
+                              "activation_points": n_a, "batch_norms_folded": folded},
+                  "activation_ranges": [[float(a.lo), float(a.hi)] for a in _act_fqs(student)],
+                  "loss_before": loss_before, "loss_after": loss_after,
+                  "agreement_before": agree_before, "agreement_after": agree_after,
+                  "flows_back": "learned float weights (batch norms folded); convert recalibrates activations "
+                                "from --calib and derives the weight scales from the weights"}
+        written = None
+        if rank == 0:
+            written = _write_model(student.net, m, out, record)
+        if world > 1:
+            torch.distributed.barrier()
+        return FinetuneResult(written, total, epochs, world, amp_kind, loss_before, loss_after, agree_before,
+                              agree_after, seconds, seconds / max(trained / steps_per_epoch, 1e-9), checkpoints, record)
+    finally:
+        if dist_here:
+            torch.distributed.destroy_process_group()
+
+
+def _capture(net, on: bool):
+    if not on:
+        return None
+    store: list[Any] = []
+    for a in _act_fqs(net):
+        a.capture = store
+    return store
+
+
+def _uncapture(net) -> None:
+    for a in _act_fqs(net):
+        a.capture = None
+
+
+# ---------------------------------------------------------------- files
+
+
+def _check_out(out: Path) -> None:
+    """``out`` may be written: it does not exist, or it is a .pt2 that finetune wrote (its record inside)."""
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_file() and not out.is_symlink() and zipfile.is_zipfile(out):
+        with zipfile.ZipFile(out) as zf:
+            if any(n.endswith("/extra/" + RECORD) or n == "extra/" + RECORD for n in zf.namelist()):
+                return
+    raise OutputError(f"{out} exists and is not a model edgekit finetune wrote; choose another -o")
+
+
+def _write_model(net, model: Model, out: Path, record: dict[str, Any]) -> Path:
+    """The student with fake quantization off, exported as a .pt2 with the recipe inside; written atomically."""
+    torch = require("torch")
+    import tempfile
+
+    from edgekit.fsutil import file_mode
+
+    net = copy.deepcopy(net).cpu().eval()
+    _set_mode(net, "off")
+    for p in net.parameters():
+        p.requires_grad_(False)
+    feeds = model.example_feeds()
+    ep = torch.export.export(net, tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".pt2", dir=out.parent)
+    os.close(fd)
+    try:
+        torch.export.save(ep, tmp, extra_files={RECORD: json.dumps(record, indent=2)})
+        os.chmod(tmp, file_mode())
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out
+
+
+def _save_checkpoint(folder: Path, step: int, student, opt, sched, scaler, recipe: dict[str, Any]) -> Path:
+    torch = require("torch")
+    import io
+
+    from edgekit.fsutil import atomic_write_bytes
+
+    buf = io.BytesIO()
+    torch.save({"format": CKPT_FORMAT, "step": step, "recipe": recipe, "student": student.net.state_dict(),
+                "optimizer": opt.state_dict(), "scheduler": sched.state_dict(), "scaler": scaler.state_dict(),
+                "rng_cpu": torch.get_rng_state()}, buf)
+    dest = folder / f"step-{step:07d}.pt"
+    atomic_write_bytes(dest, buf.getvalue())
+    return dest
+
+
+def _load_checkpoint(path: Path) -> dict[str, Any]:
+    torch = require("torch")
+    if not path.is_file():
+        raise InputSpecError(f"--resume {path}: no such checkpoint file")
+    try:
+        state = torch.load(str(path), map_location="cpu", weights_only=True)  # tensors and plain values only
+    except Exception as exc:  # noqa: BLE001 - torch raises many types for damaged or foreign files
+        raise InputSpecError(f"--resume {path}: not a finetune checkpoint ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:160] if str(exc) else ''})") from None
+    if not isinstance(state, dict) or state.get("format") != CKPT_FORMAT:
+        raise InputSpecError(f"--resume {path}: not a checkpoint written by edgekit finetune")
+    return state
+
+
+def _check_resume(state: dict[str, Any], recipe: dict[str, Any], path: Path) -> None:
+    diff = [f"{k} {state['recipe'].get(k)!r} -> {v!r}" for k, v in recipe.items() if state["recipe"].get(k) != v]
+    if diff:
+        raise InputSpecError(f"--resume {path}: the checkpoint was made with other settings ({'; '.join(diff)}); "
+                             "resume with the same model, data and options")
+
+
+def read_record(path: str | Path) -> dict[str, Any] | None:
+    """The finetune record inside a ``.pt2`` written by :func:`finetune`, or None."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            name = next((n for n in zf.namelist() if n.endswith("extra/" + RECORD)), None)
+            return json.loads(zf.read(name)) if name else None
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return None
+
+
+def result_json(res: FinetuneResult) -> dict[str, Any]:
+    d = asdict(res)
+    d["out"] = str(res.out) if res.out else None
+    d["checkpoints"] = [str(p) for p in res.checkpoints]
+    return d
+
