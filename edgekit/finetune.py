@@ -136,8 +136,8 @@ def _graph_module(model: Model):
     if ep is None:
         feeds = model.example_feeds()
         ep = torch.export.export(model.torch_module, tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs))
-    src = ep.module()
-    graph = copy.deepcopy(src.graph)
+    src = copy.deepcopy(ep.module())  # ep.module() shares the program's tensors: the caller's model stays as it was
+    graph = src.graph
     for n in list(graph.nodes):
         if n.op == "call_module" and n.target.startswith("_guards"):  # torch.export's input-shape guard
             graph.erase_node(n)

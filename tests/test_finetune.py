@@ -102,9 +102,15 @@ def test_resume_continues_exactly(digits, tmp_path):
         finetune(digits["model"], digits["calib"], tmp_path / "c.pt2", resume=straight.checkpoints[0], epochs=3)
 
 
-def test_amp_bf16_runs(digits, tmp_path):
-    res = finetune(digits["model"], digits["calib"], tmp_path / "amp.pt2", epochs=2, amp=True)
+def test_amp_bf16_runs_and_leaves_the_given_model_alone(digits, tmp_path):
+    from edgekit.ingest import load_model
+
+    m = load_model(digits["model"])
+    before = {k: v.clone() for k, v in m.exported.state_dict.items()}
+    res = finetune(m, digits["calib"], tmp_path / "amp.pt2", epochs=2, amp=True)
     assert res.amp == "bf16" and np.isfinite(res.loss_after) and res.loss_after < res.loss_before
+    for k, v in m.exported.state_dict.items():  # the teacher was copied, not trained in place
+        assert torch.equal(v, before[k]), k
 
 
 def test_bad_input_is_refused_cleanly(digits, tmp_path):
