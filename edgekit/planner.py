@@ -230,10 +230,12 @@ def candidates(board: Board, target: Target | None, prunable: bool = True) -> li
     return out
 
 
-def compression_rank(c: Candidate) -> tuple:
-    """Smaller = less compressed. Pruning hurts accuracy more than a narrower format, so it ranks first."""
+def compression_rank(c: Candidate, native: str | None = None) -> tuple:
+    """Smaller = less compressed. Pruning hurts accuracy more than a narrower format, so it ranks first. The
+    board's ``native`` precision (what its accelerator computes in) ranks before every other."""
     prune = 0 if not c.prune_ratio and not c.sparsity else (1 if c.sparsity else 1 + c.prune_ratio)
-    return (prune, PRECISION_ORDER.index(c.precision), len(c.float_layers) * -1)
+    prec = -1 if c.precision == native else PRECISION_ORDER.index(c.precision)
+    return (prune, prec, len(c.float_layers) * -1)
 
 
 def score(est: Estimate, budgets: Budgets) -> Scored:
@@ -304,12 +306,14 @@ def choose(
     scored = [score(estimate(stats, brd, c), budgets) for c in candidates(brd, tgt, prunable is not False)]
     if not scored:
         raise PlanError(f"board {board.id} and target {tgt.name if tgt else '-'} share no precision")
-    scored.sort(key=lambda s: (compression_rank(s.estimate.candidate), s.estimate.energy_mj, s.estimate.latency_ms))
+    native = board.native_precision
+    scored.sort(key=lambda s: (compression_rank(s.estimate.candidate, native), s.estimate.energy_mj,
+                               s.estimate.latency_ms))
     fitting = [s for s in scored if s.fits]
     if not fitting:
         raise PlanError(_nothing_fits(scored, budgets, board) + "".join(f" ({n})" for n in notes))
     best = fitting[0]
-    reason = _reason(best, scored, budgets)
+    reason = _reason(best, scored, budgets, native)
     return Plan(board.id, tgt.name if tgt else "-", budgets, scored, best, reason, stats,
                 calibrated=brd is not board, notes=notes, profile=brd)
 
@@ -326,11 +330,13 @@ def _nothing_fits(scored: list[Scored], budgets: Budgets, board: Board) -> str:
             + f" — nearest candidate {nearest.estimate.candidate.label}; relax {flags} or use a smaller model")
 
 
-def _reason(best: Scored, scored: list[Scored], budgets: Budgets) -> str:
+def _reason(best: Scored, scored: list[Scored], budgets: Budgets, native: str | None = None) -> str:
     c = best.estimate.candidate
-    less = [s for s in scored if compression_rank(s.estimate.candidate) < compression_rank(c)]
+    less = [s for s in scored if compression_rank(s.estimate.candidate, native) < compression_rank(c, native)]
     if not less:
-        return (f"{c.label}: the least compressed candidate fits every budget "
+        what = (f"the board's accelerator computes in {native}, and" if c.precision == native
+                else "the least compressed candidate")
+        return (f"{c.label}: {what} fits every budget "
                 f"(tightest: {BUDGET_NAMES[best.binding]} at {best.usage[best.binding]:.0%} of budget)")
     # which budget ruled out the less compressed candidates: the one most of them exceed
     counts: dict[str, int] = {}

@@ -125,6 +125,10 @@ class Board(_Strict):
     min_ios: int | None = Field(default=None, ge=13, le=30, description="oldest iOS/iPadOS the app supports on this "
                                 "device: the Core ML deployment target (Apple boards only)")
     fpga: FpgaResources | None = Field(default=None, description="programmable logic (FPGA boards only)")
+    native_precision: Precision | None = Field(
+        default=None, description="the precision the board's accelerator computes in (the Neural Engine: fp16): "
+        "the planner ranks it as the least compressed, as less compressed formats gain nothing there (fp32 leaves "
+        "the accelerator); --precision still takes them")
     notes: list[str] = Field(default_factory=list)
 
     @property
@@ -153,6 +157,8 @@ class Board(_Strict):
                 f"budgets.power_w {self.budgets.power_w} is below every power mode (lowest {low} W): "
                 "no build could meet it; budget at least the lowest mode's power"
             )
+        if self.native_precision is not None and self.native_precision not in self.precisions:
+            raise ValueError(f"native_precision {self.native_precision} is not in the power modes' peak_tops")
         if self.runtime_overhead_mb >= self.ram_mb:
             raise ValueError("runtime_overhead_mb must be below ram_mb")
         keys = {frozenset(m.peak_tops) for m in self.power_modes.values()}

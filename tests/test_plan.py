@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from edgekit.errors import ProfileError
 from edgekit.costmodel import FUSED_OPS, Candidate, calibrated, estimate
 from edgekit.planner import Budgets, PlanError, candidates, choose
 from edgekit.profiles import list_boards, load_board, load_target
@@ -67,6 +68,19 @@ def test_default_budgets_pick_least_compressed(digits_stats):
         p = choose(None, load_board(board), "jetson", stats=digits_stats, use_calibration=False)
         assert p.precision == "fp32" and p.candidate.prune_ratio == 0, (board, p.reason)
         assert "least compressed" in p.reason
+
+
+def test_apple_boards_auto_pick_the_neural_engines_fp16(digits_stats):
+    for board in ("iphone-15-pro", "iphone-13", "ipad-pro-m4"):
+        b = load_board(board)
+        assert b.native_precision == "fp16"
+        p = choose(None, b, "ios", stats=digits_stats, use_calibration=False)
+        assert p.precision == "fp16" and p.candidate.prune_ratio == 0, (board, p.reason)
+        assert "accelerator computes in fp16" in p.reason
+        # fp32 still fits: the choice is the ANE's precision, not a budget forcing compression
+        assert any(s.fits and s.estimate.candidate.precision == "fp32" for s in p.candidates)
+    with pytest.raises(ProfileError, match="native_precision int4 is not in the power modes"):
+        load_board("iphone-15-pro", ["native_precision=int4"])
 
 
 def test_nano_never_gets_int8_and_tight_ram_forces_fp16(digits_stats):
