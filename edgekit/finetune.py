@@ -25,6 +25,7 @@ import copy
 import json
 import os
 import time
+import warnings
 import zipfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -136,7 +137,9 @@ def _graph_module(model: Model):
     if ep is None:
         feeds = model.example_feeds()
         ep = torch.export.export(model.torch_module, tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs))
-    src = copy.deepcopy(ep.module())  # ep.module() shares the program's tensors: the caller's model stays as it was
+    with warnings.catch_warnings():  # torch's own deprecation notices (pytree specs) say nothing to the user
+        warnings.simplefilter("ignore", FutureWarning)
+        src = copy.deepcopy(ep.module())  # ep.module() shares the program's tensors: the caller's model stays as is
     graph = src.graph
     for n in list(graph.nodes):
         if n.op == "call_module" and n.target.startswith("_guards"):  # torch.export's input-shape guard
@@ -546,7 +549,7 @@ def finetune(
         seconds = time.perf_counter() - t0
         loss_after, agree_after = losses(student, feature_weight > 0)
         record = {"finetuned_from": {"path": m.source, "sha256": m.sha256},
-                  "recipe": {**recipe, "steps": total, "world_size": world, "amp": amp_kind,
+                  "recipe": {**recipe, "steps": total, "world_size": world, "amp": amp_kind, "output_kinds": kinds_by_name,
                              "loss": ("KL(T={:g}) on class outputs, MSE on others".format(temperature)
                                       + (f", + {feature_weight:g} x feature MSE" if feature_weight else ""))},
                   "student": {"weights": "int8 symmetric per-channel (fake-quant)", "weight_layers": n_w,
@@ -605,12 +608,14 @@ def _write_model(net, model: Model, out: Path, record: dict[str, Any]) -> Path:
 
     from edgekit.fsutil import file_mode
 
-    net = copy.deepcopy(net).cpu().eval()
-    _set_mode(net, "off")
-    for p in net.parameters():
-        p.requires_grad_(False)
     feeds = model.example_feeds()
-    ep = torch.export.export(net, tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        net = copy.deepcopy(net).cpu().eval()
+        _set_mode(net, "off")
+        for p in net.parameters():
+            p.requires_grad_(False)
+        ep = torch.export.export(net, tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs))
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".pt2", dir=out.parent)
     os.close(fd)

@@ -145,3 +145,54 @@ def test_torchrun_two_processes_match_one(digits, tmp_path):
     assert two["loss_after"] == pytest.approx(one.loss_after, rel=1e-4)
     assert read_record(tmp_path / "two.pt2")["recipe"]["world_size"] == 2
     assert [p.name for p in (tmp_path / "two.pt2.ckpt").iterdir()] == ["step-0000018.pt"]  # rank 0 alone writes
+
+
+def test_cli_folder_of_npy_android_with_features(digits, tmp_path):
+    """The command itself: unlabeled inputs as a folder of .npy files, the android scheme, the feature loss."""
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+
+    folder = tmp_path / "inputs"
+    folder.mkdir()
+    x = np.load(digits["calib"])["image"]
+    np.save(folder / "a.npy", x[:100])
+    for i in range(100, 164):
+        np.save(folder / f"s{i}.npy", x[i])  # one sample per file
+    out = tmp_path / "ft.pt2"
+    r = CliRunner().invoke(app, ["finetune", str(digits["model"]), "-d", str(folder), "-o", str(out), "-t", "android",
+                                 "--epochs", "1", "--feature-weight", "1"])
+    assert r.exit_code == 0, r.output
+    assert "fine-tuned" in r.output and "distillation loss" in r.output
+    rec = read_record(out)
+    assert rec["recipe"]["samples"] == 164 and rec["recipe"]["feature_weight"] == 1.0
+    assert "asymmetric" in rec["student"]["activations"] and rec["loss_after"] < rec["loss_before"]
+    r = subprocess.run([sys.executable, "-m", "edgekit", "finetune", str(digits["model"]), "-d",
+                        str(tmp_path / "none.npz"), "-o", str(tmp_path / "other.pt2")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (tmp_path / "other.pt2").exists()
+
+
+def test_fixed_batch_graph_and_regression_output(tmp_path):
+    """A program exported at batch 1 with a reshape to it runs sample by sample inside each batch; a one-column
+    output is a regression output (MSE)."""
+
+    class Fixed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(1, 4, 3)
+            self.fc = torch.nn.Linear(4 * 6 * 6, 1)
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.conv(x)).reshape(1, -1))
+
+    torch.manual_seed(0)
+    src = tmp_path / "fixed.pt2"
+    torch.export.save(torch.export.export(Fixed().eval(), (torch.zeros(1, 1, 8, 8),)), src)
+    x = np.random.default_rng(0).random((64, 1, 8, 8), dtype=np.float32)
+    said: list[str] = []
+    res = finetune(str(src), x, tmp_path / "out.pt2", epochs=2, batch_size=16, lr=1e-5, log=said.append)
+    assert any("fixed at batch 1" in m for m in said)
+    assert res.agreement_before is None and res.record["recipe"]["output_kinds"] == {"output": "regression"}
+    assert res.loss_after < res.loss_before and res.steps == 8

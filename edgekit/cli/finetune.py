@@ -45,14 +45,17 @@ def finetune(
     task = progress.add_task("finetune", total=None, loss="—")
 
     def on_step(step: int, total: int, loss: float) -> None:
+        progress.start()  # at the first step: checks and loading show no empty bar
         progress.update(task, completed=step, total=total, loss=f"{loss:.4g}")
 
-    with progress:
+    try:
         res = run(model, data, out, target=target, epochs=epochs, batch_size=batch_size, lr=lr, temperature=temperature,
                   feature_weight=feature_weight, amp=amp, checkpoint_every=checkpoint_every,
                   checkpoint_dir=checkpoint_dir, resume=resume, seed=seed, device=device, input_shape=input_shape,
                   trust_pickle=trust_pickle, on_step=on_step,
                   log=lambda m: rank0 and err.print(f"  [dim]{m}[/]", highlight=False))
+    finally:
+        progress.stop()
     if not rank0:
         return
     if as_json:
