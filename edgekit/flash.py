@@ -88,6 +88,11 @@ class FlashResult:
     seconds: float = 0.0
     manifest: Manifest | None = None
 
+    def record_fields(self) -> dict[str, object]:
+        """What the results store keeps of a flash (besides the build's own fields and the host)."""
+        return {"dest": self.dest, "uploaded": self.uploaded, "skipped": self.skipped, "bytes_sent": self.bytes_sent,
+                "seconds": round(self.seconds, 3), "passed": True}
+
 
 def _mark(transport: Transport, staging: str) -> None:
     import tempfile

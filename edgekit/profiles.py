@@ -227,12 +227,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ProfileError(f"{path}: not valid TOML ({exc}); fix the file") from None
 
 
-def _fmt_validation(path: Path | str, exc: ValidationError) -> str:
+def _fmt_validation(path: Path | str, exc: ValidationError, what: str = "profile") -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(file)"
         parts.append(f"{loc}: {err['msg']}")
-    return f"{path}: invalid profile: " + "; ".join(parts)
+    return f"{path}: invalid {what}: " + "; ".join(parts)
 
 
 def board_files() -> dict[str, Path]:

@@ -50,6 +50,14 @@ class SmokeResult:
         return self.exit_code == 0 and bool(self.result.get("passed")) and all(
             c.get("passed") is not False for c in self.checks)
 
+    def record_fields(self) -> dict[str, Any]:
+        """What the results store keeps of a smoke run (besides the build's own fields and the host)."""
+        r = self.result
+        return {"dest": self.dest, "passed": self.passed, "measured_latency_ms": self.latency_p50_ms,
+                "latency_ms": r.get("latency_ms"), "peak_rss_mb": r.get("peak_rss_mb"), "power_w": r.get("power_w"),
+                "runtime": r.get("runtime"), "checks": self.checks, "exit_code": self.exit_code,
+                "seconds": round(self.seconds, 3)}
+
     @property
     def latency_p50_ms(self) -> float | None:
         """The board's measured p50; None when the runner timed it off the device (not the board's latency)."""

@@ -15,7 +15,7 @@ import errno
 import signal
 import sys
 
-from edgekit.cli import cache, convert, finetune, flash, matrix, plan, profiles, zoo  # noqa: F401 - each registers its commands on the app
+from edgekit.cli import cache, convert, finetune, flash, fleet, matrix, plan, profiles, zoo  # noqa: F401 - each registers its commands on the app
 from edgekit.cli.common import app, console, err  # noqa: F401 - the app and consoles, for callers and tests
 from edgekit.errors import EdgekitError
 

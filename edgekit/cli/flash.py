@@ -103,8 +103,7 @@ def flash(
 
             res = run_flash(ub, tr, dest=dest, on_file=on_file, log=lambda m: err.print(f"  [dim]{m}[/]"))
             where = tr.describe()
-    _record("flash", **results.manifest_fields(man), host=where, dest=res.dest, uploaded=res.uploaded,
-            skipped=res.skipped, bytes_sent=res.bytes_sent, seconds=round(res.seconds, 3), passed=True)
+    _record("flash", **results.manifest_fields(man), host=where, **res.record_fields())
     state = "already installed" if res.already_installed else f"{len(res.uploaded)} sent, {len(res.skipped)} already there"
     console.print(f"[bold green]flashed[/] {man.name} → {where}:{res.dest} ({state}; every sha256 verified on the "
                   f"board; {res.seconds:.2f} s)")
@@ -139,10 +138,7 @@ def smoke(
                                                                              highlight=False)))
             where = tr.describe()
     r = res.result
-    _record("smoke", **results.manifest_fields(man), host=where, dest=res.dest, passed=res.passed,
-            measured_latency_ms=res.latency_p50_ms, latency_ms=r.get("latency_ms"), peak_rss_mb=r.get("peak_rss_mb"),
-            power_w=r.get("power_w"), runtime=r.get("runtime"), checks=res.checks, exit_code=res.exit_code,
-            seconds=round(res.seconds, 3))
+    _record("smoke", **results.manifest_fields(man), host=where, **res.record_fields())
     if as_json:
         print(json.dumps(r, indent=2))
     else:
