@@ -371,7 +371,15 @@ def run_ray(cells: list[dict[str, Any]], address: str, on_start: Callable[[dict]
     ray = require("ray", "ray")
     if not ray.is_initialized():
         import logging
+        import socket
 
+        if address != "auto":  # Ray itself retries an address where nothing listens for minutes: ask first
+            host, _, port = address.removeprefix("ray://").rpartition(":")
+            try:
+                socket.create_connection((host, int(port)), timeout=10).close()
+            except (OSError, ValueError) as exc:
+                raise MatrixSpecError(f"--ray {address}: no Ray cluster answers there ({exc}); give the head node's "
+                                      "host:port (`ray status` on it), or `auto`") from None
         try:
             ray.init(address=address, logging_level=logging.WARNING, log_to_driver=False)
         except ConnectionError as exc:

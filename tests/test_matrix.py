@@ -193,6 +193,20 @@ def test_ray_gives_the_same_table_as_the_pool(pool_run, ray_cluster, tmp_path):
     assert _table(ray) == _table(pool)
 
 
+def test_ray_address_where_nothing_listens_is_one_line(tmp_path, monkeypatch):
+    ray = pytest.importorskip("ray")
+    import socket
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)  # this process may hold the module's test cluster
+
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        spec = tmp_path / "m.toml"
+        spec.write_text('precisions = ["fp32"]\nboards = ["host"]\n[[models]]\nname = "a"\npath = "a.pt2"\n')
+        with pytest.raises(MatrixSpecError, match="no Ray cluster answers there"):
+            mx.run(spec, tmp_path / "out", ray=f"127.0.0.1:{s.getsockname()[1]}")
+
+
 def test_ray_missing_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ray", None)  # as if not installed: `import ray` raises ImportError
     spec = tmp_path / "m.toml"
