@@ -239,6 +239,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
                 res = convert(**cell["convert"], out=cell["out"], fail_on_verification=False, log=say(""),
                               warn=say("warning: "), on_stage=lambda s, m: m != "start" and say("stage ")(f"{s} {m}"))
             out = summarize(res.manifest, res.verification)
+            out["cache_hit"] = bool(res.cache and res.cache.get("hit"))
             for w in res.warnings:
                 out.setdefault("warnings", []).append(_one_line(w))
         except VerificationError as exc:  # pragma: no cover - fail_on_verification=False: not raised
@@ -408,18 +409,22 @@ def run_ray(cells: list[dict[str, Any]], address: str, on_start: Callable[[dict]
 
 
 def run(spec_path: str | Path, out: str | Path, jobs: int | None = None, ray: str | None = None,
+        cache: bool = True, cache_dir: str | Path | None = None,
         on_start: Callable[[dict], None] = lambda c: None, on_done: OnDone = lambda c, r: None) -> dict[str, Any]:
     """Run every cell of the spec; write ``matrix.json`` and ``matrix.html`` into ``out`` and one ``matrix`` event
-    per cell into the results store. Returns the matrix (its ``cells`` carry their results)."""
+    per cell into the results store. Returns the matrix (its ``cells`` carry their results). Every cell uses the
+    build cache at ``cache_dir`` (resolved here, so Ray workers on other nodes use the same, shared, folder)."""
     from edgekit import __version__, results
+    from edgekit.cache import cache_root
     from edgekit.fsutil import atomic_write_bytes
 
     spec = load_spec(spec_path)
     out = Path(out)
     cells = plan_cells(spec, spec_path, out)
-    db = str(results.db_path())
+    db, folder = str(results.db_path()), str(cache_root(cache_dir).resolve())
     for c in cells:
         c["results_db"] = db
+        c["convert"].update(cache=cache, cache_dir=folder)
     todo = [c for c in cells if "result" not in c]
     for c in cells:
         if "result" in c:

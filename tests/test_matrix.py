@@ -69,7 +69,7 @@ def _table(m: dict) -> dict:
 def pool_run(tmp_path_factory):
     d = tmp_path_factory.mktemp("matrix-pool")
     spec = _spec(d)
-    res = CliRunner().invoke(app, ["matrix", str(spec), "-o", str(d / "out"), "-j", "2"])
+    res = CliRunner().invoke(app, ["matrix", str(spec), "-o", str(d / "out"), "-j", "2", "--cache-dir", str(d / "cache")])
     return d, res
 
 
@@ -98,6 +98,25 @@ def test_pool_runs_every_cell_and_reports_each_outcome(pool_run):
     ev = results.events("matrix")
     assert {e["bundle"] for e in ev} >= set(by)
     assert any(e["kind"] == "convert" and e["out"] == cnn["out"] for e in results.events("convert"))
+
+
+def test_rerun_rebuilds_only_what_changed(pool_run):
+    """The same spec again with one board override added for one cell: the unchanged verified cells come from the
+    build cache (no ML framework loaded), the changed one is rebuilt, the failed one is rebuilt (a build that failed
+    verification is never cached)."""
+    d, _ = pool_run
+    spec = d / "changed.toml"
+    spec.write_text((d / "matrix.toml").read_text()
+                    + '[[cells]]\nmodel = "cnn"\nboard = "orin"\nset = ["budgets.latency_ms=5"]\n')
+    res = CliRunner().invoke(app, ["matrix", str(spec), "-o", str(d / "rerun"), "-j", "2", "--cache-dir", str(d / "cache")])
+    assert res.exit_code == 1, res.output
+    m = json.loads((d / "rerun" / "matrix.json").read_text())
+    assert {(c["model"], c["board"]): c["status"] for c in m["cells"]} == EXPECTED
+    hits = {c["id"]: c.get("cache_hit") for c in m["cells"] if c["status"] in ("pass", "failed")}
+    assert hits == {"cnn-host-fp32": True, "mlp-host-fp32": True, "cnn-orin-fp32": False, "mlp-orin-fp32": False}
+    assert "(2 from the build cache)" in res.output
+    by = {c["id"]: c for c in m["cells"]}
+    assert json.loads((Path(by["cnn-orin-fp32"]["out"]) / "manifest.json").read_text())["budgets"]["latency_ms"] == 5
 
 
 def test_html_is_self_contained_and_names_the_failures(pool_run):
@@ -183,14 +202,19 @@ def test_ray_gives_the_same_table_as_the_pool(pool_run, ray_cluster, tmp_path):
     d, _ = pool_run
     spec = _spec(tmp_path)
     # a separate driver process connects to the cluster by its address, as a user's `--ray HOST:PORT` does
+    # its own cache folder: every Ray cell builds (none is a copy of a pool build), and the workers fill that folder
+    cache = tmp_path / "cache"
     proc = subprocess.run([sys.executable, "-m", "edgekit", "matrix", str(spec), "-o", str(tmp_path / "out"),
-                           "--ray", ray_cluster], capture_output=True, text=True, timeout=900)
+                           "--ray", ray_cluster, "--cache-dir", str(cache)], capture_output=True, text=True,
+                          timeout=900)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     pool = json.loads((d / "out" / "matrix.json").read_text())
     ray = json.loads((tmp_path / "out" / "matrix.json").read_text())
     assert ray["runner"] == f"ray {ray_cluster}"
     assert _table(ray) == _table(pool)
+    assert not any(c.get("cache_hit") for c in ray["cells"])
+    assert len(list((cache / "builds").iterdir())) == 3  # the three verified builds, stored by the Ray workers
 
 
 def test_ray_address_where_nothing_listens_is_one_line(tmp_path, monkeypatch):

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import app, console, err, mb
+from edgekit.cli.common import CacheDirOpt, app, console, err, mb
 
 COLOUR = {"pass": "green", "failed": "red", "error": "bold red", "refused": "yellow", "skipped": "dim"}
 
@@ -31,9 +31,13 @@ def matrix(
                                              "(default: one per two cores)")] = None,
     ray: Annotated[str | None, typer.Option("--ray", help="run each cell as a task on a Ray cluster: auto, or its "
                                             "address host:port (needs edgekit[ray])")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild every cell even when the build cache holds "
+                                           "it")] = False,
+    cache_dir: CacheDirOpt = None,
 ) -> None:
     """Convert and verify every model for every board and precision of SPEC, each cell in its own process (or Ray
-    task); a failed cell never stops the others. Exit code 1 when a cell failed verification or hit an error."""
+    task); a failed cell never stops the others; a cell whose inputs did not change comes from the build cache.
+    Exit code 1 when a cell failed verification or hit an error."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from edgekit import matrix as mx
@@ -59,11 +63,13 @@ def matrix(
                 running.discard(cell["id"])
                 prog.advance(bar)
                 s = res["status"]
-                prog.console.print(f"[{COLOUR[s]}]{s:8}[/] {cell['id']:40} {res.get('seconds', 0):6.1f} s  "
+                hit = " (cached)" if res.get("cache_hit") else ""
+                prog.console.print(f"[{COLOUR[s]}]{s:8}[/] {cell['id']:40} {res.get('seconds', 0):6.1f} s{hit}  "
                                    f"{(res.get('reason') or '')[:100]}", highlight=False)
                 show()
 
-        res = mx.run(spec, out, jobs=jobs, ray=ray, on_start=on_start, on_done=on_done)
+        res = mx.run(spec, out, jobs=jobs, ray=ray, cache=not no_cache, cache_dir=cache_dir, on_start=on_start,
+                     on_done=on_done)
     t = Table(title=f"matrix: {len(res['cells'])} cells, {res['runner']}, {res['wall_s']:.1f} s", title_justify="left")
     for col in ("model", "board", "precision", "status", "accuracy", "size", "est. latency"):
         t.add_column(col, overflow="fold", min_width=8 if col == "board" else None)
@@ -79,7 +85,8 @@ def matrix(
     for w in res.get("warnings", []):
         err.print(f"[yellow]warning:[/] {w}")
     tot = res["totals"]
-    console.print(", ".join(f"{s} {n}" for s, n in tot.items() if n) + f"; report: {out / 'matrix.html'}, "
-                  f"logs: {out / 'logs'}")
+    hits = sum(bool(c.get("cache_hit")) for c in res["cells"])
+    console.print(", ".join(f"{s} {n}" for s, n in tot.items() if n) + f" ({hits} from the build cache); "
+                  f"report: {out / 'matrix.html'}, logs: {out / 'logs'}")
     if any(tot[s] for s in mx.FAILING):
         raise typer.Exit(1)
