@@ -182,7 +182,7 @@ class BuildCache:
         try:
             meta = json.loads((entry_dir / ENTRY).read_text())
             for name in meta["files"]:
-                _link_or_copy(entry_dir / name, work / name)
+                shutil.copy2(entry_dir / name, work / name)  # copied: a converter may rewrite its input
             stats = _stats(meta["stats"])
             os.utime(entry_dir / ENTRY)
             log(f"analysis: from the build cache ({self.analysis_key[:12]}, float export skipped)")
@@ -198,7 +198,7 @@ class BuildCache:
 
             def fill(tmp: Path) -> None:
                 for name in names:
-                    _link_or_copy(work / name, tmp / name)
+                    shutil.copy2(work / name, tmp / name)
                 meta["bytes"] = _size(tmp)
                 (tmp / ENTRY).write_text(json.dumps(meta) + "\n")
 

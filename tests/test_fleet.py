@@ -4,6 +4,7 @@ one of them killed mid-flash."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,24 @@ def test_no_board_with_the_tag_and_no_bundle_for_the_boards_are_refused(tmp_path
             run_fleet("smoke", [ub], load_fleet(f), tags=["lab-z"])
         with pytest.raises(FleetError, match="the bundles are for host/host"):
             run_fleet("smoke", [ub], load_fleet(f))
+
+
+@needs_sshd
+def test_a_board_that_hangs_is_cut_at_the_timeout(tmp_path):
+    (tmp_path / "sshd").mkdir()
+    server = Sshd(tmp_path / "sshd")
+    server.start()
+    try:
+        hang = tmp_path / "hanging-python"
+        hang.write_text("#!/bin/sh\nsleep 120\n")  # the board's runner never answers
+        hang.chmod(0o755)
+        f = tmp_path / "fleet.toml"
+        f.write_text(_board("slow", server, tmp_path / "board" / "digits").replace(sys.executable, str(hang)))
+        with unpack(digits_bundle()) as ub:
+            assert run_fleet("flash", [ub], load_fleet(f), retries=0)[0].passed
+            t0 = time.perf_counter()
+            (o,) = run_fleet("smoke", [ub], load_fleet(f), timeout=3, retries=0)
+        assert time.perf_counter() - t0 < 60 and not o.passed
+        assert o.reason.startswith("timed out after 3 s") and "\n" not in o.reason, o.reason
+    finally:
+        server.stop()
