@@ -89,7 +89,7 @@ def load_fleet(path: str | Path) -> Fleet:
     try:
         data = tomllib.loads(path.read_text())
     except FileNotFoundError:
-        raise FleetError(f"{path}: no such file; give --fleet FLEET.toml (a [[boards]] table per board)") from None
+        raise FleetError(f"{path}: no such file; give --fleet FLEET.toml (its format: docs/flash.md, Fleet)") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise FleetError(f"{path}: cannot read it ({exc})") from None
     except tomllib.TOMLDecodeError as exc:

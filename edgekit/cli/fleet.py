@@ -10,6 +10,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from edgekit.cli.common import app, console, err
@@ -67,7 +68,7 @@ def _run(action: str, bundles: list[Path], fleet_file: Path, tag: list[str] | No
             elif what == "done":
                 r.secs = detail.seconds
                 r.result = "[green]passed[/]" if detail.passed else "[red]FAILED[/]"
-                r.detail = "" if detail.passed else (detail.reason or "")[:60]
+                r.detail = "" if detail.passed else escape((detail.reason or "")[:60])
 
     def on_file(name: str, rel: str, size: int):
         def progress(done: int) -> None:
@@ -92,7 +93,7 @@ def _run(action: str, bundles: list[Path], fleet_file: Path, tag: list[str] | No
         t.add_column(col, overflow="fold")
     for o in outcomes:
         res = "[dim]skipped[/]" if o.skipped else ("[green]passed[/]" if o.passed else "[red]FAILED[/]")
-        detail = o.reason or _detail(action, o)
+        detail = escape(o.reason or _detail(action, o))
         t.add_row(o.board.name, o.host or o.board.host(), res, str(o.attempts or ""),
                   f"{o.seconds:.1f}" if o.attempts else "", detail)
     console.print(t)
