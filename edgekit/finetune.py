@@ -128,9 +128,13 @@ def _fq_modules():
 def _graph_module(model: Model):
     """The model's graph as a plain fx GraphModule: positional inputs -> tuple of outputs, no batch guard."""
     torch = require("torch")
+    if model.kind == "onnx":  # rebuilt in torch by the onnx2torch bridge, checked against onnxruntime there
+        from edgekit.onnx_bridge import bridge_model
+
+        model = bridge_model(model, model.source)
     if model.kind == "torchscript" or not model.is_torch:
         raise ModelLoadError(
-            f"{model.source}: finetune needs a torch model it can trace (.pt2 ExportedProgram, pkg.module:factory "
+            f"{model.source}: finetune needs a model it can trace (.pt2 ExportedProgram, ONNX, pkg.module:factory "
             f"or a pickled module); a {model.kind} model has no trainable graph here: export it with "
             "torch.export.save")
     ep = model.exported

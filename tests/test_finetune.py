@@ -196,3 +196,28 @@ def test_fixed_batch_graph_and_regression_output(tmp_path):
     assert any("fixed at batch 1" in m for m in said)
     assert res.agreement_before is None and res.record["recipe"]["output_kinds"] == {"output": "regression"}
     assert res.loss_after < res.loss_before and res.steps == 8
+
+
+def test_onnx_model_through_the_bridge(digits, tmp_path):
+    """An ONNX model is rebuilt in torch (onnx2torch, checked against onnxruntime) and fine-tuned like a .pt2."""
+    import importlib.util
+
+    from edgekit.ingest import load_model
+
+    if importlib.util.find_spec("onnx2torch") is None:  # imported by edgekit.onnx_bridge, with its torchvision stand-in
+        pytest.skip("onnx2torch is not installed")
+
+    sys.path.insert(0, str(digits["model"].parent))
+    try:
+        from train import DigitsCNN  # examples/digits/train.py: the trained model's class
+    finally:
+        sys.path.pop(0)
+    net = DigitsCNN().eval()
+    net.load_state_dict(load_model(digits["model"]).exported.state_dict)
+    onnx_path = tmp_path / "digits.onnx"
+    torch.onnx.export(net, (torch.zeros(1, 1, 8, 8),), str(onnx_path), input_names=["image"], dynamo=False,
+                      opset_version=13)
+    res = finetune(str(onnx_path), digits["calib"], tmp_path / "from-onnx.pt2", epochs=2)
+    assert res.loss_after < res.loss_before and res.agreement_after == 1.0
+    assert res.record["student"]["weight_layers"] == 4
+    assert load_model(res.out).outputs[0].shape == (1, 10)
