@@ -88,8 +88,17 @@ def _quantizer(dynamic: bool):
     )
     from torchao.quantization.pt2e.quantizer import QuantizationAnnotation
 
+    from edgekit.converters import tflite_int8
+
     class EdgekitPT2EQuantizer(pq.PT2EQuantizer):
         fixed_adds = 0
+        int8_ops = rewritten = 0  # ops annotated / rewritten by converters/tflite_int8.py
+
+        def transform_for_annotation(self, model):
+            model = super().transform_for_annotation(model)
+            if not dynamic:
+                self.rewritten += tflite_int8.transform(model)
+            return model
 
         def annotate(self, model):
             binary = (torch.ops.aten.add.Tensor, torch.ops.aten.add_.Tensor, torch.ops.aten.mul.Tensor,
@@ -112,6 +121,7 @@ def _quantizer(dynamic: bool):
                         output_qspec=get_output_act_qspec(cfg), _annotated=True,
                     )
                     self.fixed_adds += 1
+            self.int8_ops += tflite_int8.annotate(model, cfg)
             propagate_annotation(model)
             return model
 
@@ -435,8 +445,10 @@ class TFLiteConverter:
         }
         if not dynamic:
             info.update({"calibration_batches": n_batches, "calibration_source": job.calib.source,
-                         "add_mul_annotated_by_edgekit": q.fixed_adds})
-            job.log(f"PT2E calibrated on {n_batches} batches; {q.fixed_adds} add/mul node(s) annotated by edgekit")
+                         "add_mul_annotated_by_edgekit": q.fixed_adds,
+                         "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten})
+            job.log(f"PT2E calibrated on {n_batches} batches; edgekit annotated {q.fixed_adds} add/mul and "
+                    f"{q.int8_ops} other int8 op(s), rewrote {q.rewritten} (BatchNorm after ReLU, PReLU)")
         return info, edge
 
     def _latency(self, path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:

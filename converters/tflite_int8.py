@@ -1,0 +1,265 @@
+"""Full-integer INT8 op coverage for litert-torch's PT2E quantizer: the ops that TFLite runs with
+int8 kernels and that litert-torch 0.10's annotators leave float.
+
+litert-torch annotates conv, linear, add, mul, cat, pools and (only after an annotated op)
+sigmoid/softmax; everything else stays float between DEQUANTIZE and QUANTIZE in the .tflite even
+where TFLite has an int8 kernel (PAD, RESIZE_*, LEAKY_RELU, HARD_SWISH, PRELU, SUB, RELU, TANH,
+SOFTMAX after an unannotated op ...). Two steps close that gap:
+
+``transform(gm)``  (before annotation) rewrites what TFLite has no int8 kernel for into ops that
+                   quantize well: a BatchNorm that no conv folds (after a ReLU) becomes a
+                   depthwise 1x1 conv whose weights are the BN scale and whose bias is its shift, so
+                   the per-channel scale is quantized as a conv weight (per channel), not as an
+                   activation tensor; PReLU likewise becomes ``relu(x) - relu(-x) * alpha`` with
+                   alpha as depthwise conv weights.
+``annotate(gm, cfg)``  (after litert-torch's annotators) gives every remaining op with an int8
+                   kernel its quantization spec, by how TFLite's int8 kernel treats scales
+                   (tensorflow/lite/tools/optimize/operator_property.cc): ops that move values
+                   (PAD, RESIZE_NEAREST, reshape, transpose, max pool) keep their input's scale,
+                   SOFTMAX / LOGISTIC / TANH have fixed output scales, the rest get their own
+                   calibrated output range.
+
+Every build is still audited op by op after converting (``converters.tflite.audit``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from edgekit.deps import require
+
+
+def _ops():
+    torch = require("torch")
+    a = torch.ops.aten
+    # the output keeps the input's scale and zero point (TFLite requires it, or it is exact there)
+    same = {a.constant_pad_nd.default, a.pad.default, a.upsample_nearest2d.vec, a.upsample_nearest2d.default,
+            a.max_pool2d.default, a.avg_pool2d.default, a.adaptive_avg_pool2d.default, a.mean.dim, a.mean.default,
+            a.view.default, a.reshape.default, a.flatten.using_ints, a.permute.default, a.transpose.int,
+            a.squeeze.dim, a.squeeze.dims, a.squeeze.default, a.unsqueeze.default, a.slice.Tensor, a.select.int,
+            a.contiguous.default, a.clone.default, a.hardtanh.default, a.relu6.default, a.clamp.default,
+            a.amax.default, a.max.dim, a.split.Tensor, a.split_with_sizes.default, a.chunk.default,
+            a.expand.default, a.repeat.default, a.pixel_shuffle.default, a.dropout.default}
+    # own calibrated output range
+    free = {a.relu.default, a.leaky_relu.default, a.hardswish.default, a.elu.default, a.gelu.default,
+            a.upsample_bilinear2d.vec, a.upsample_bilinear2d.default, a.sub.Tensor, a.rsub.Scalar,
+            a.sub.Scalar, a.mul.Scalar, a.add.Scalar, a.div.Tensor, a.div.Scalar, a.neg.default,
+            a.maximum.default, a.minimum.default, a.add.Tensor, a.mul.Tensor, a.matmul.default, a.bmm.default,
+            a.sum.dim_IntList, a.abs.default, a.square.default, a.silu.default, a.hardsigmoid.default}
+    # fixed output scale: softmax / sigmoid 1/256 at -128, tanh 1/128 at 0 (TFLite's int8 kernels)
+    fixed = {a.softmax.int: (1 / 256, -128), a._softmax.default: (1 / 256, -128), a.sigmoid.default: (1 / 256, -128),
+             a.tanh.default: (1 / 128, 0), a.log_softmax.int: (16 / 256, 127)}
+    return same, free, fixed
+
+
+def transform(gm: Any) -> int:
+    """Rewrite unfoldable BatchNorm and PReLU into depthwise 1x1 convs (constants as weights).
+    Returns the number of nodes rewritten."""
+    torch = require("torch")
+    a = torch.ops.aten
+    n_done = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in (a.batch_norm.default, a._native_batch_norm_legit_no_training.default):
+            x, w, b, mean, var = node.args[:5]
+            if node.target == a.batch_norm.default and node.args[5]:  # training=True: not a frozen BN
+                continue
+            eps = node.args[7] if node.target == a.batch_norm.default else node.args[6]
+            if _producer_is_conv(x) or any(not _const(gm, t) for t in (w, b, mean, var) if t is not None):
+                continue  # a conv before it: litert-torch folds it into the conv's weights
+            mean_t, var_t = _value(gm, mean), _value(gm, var)
+            w_t = _value(gm, w) if w is not None else torch.ones_like(mean_t)
+            b_t = _value(gm, b) if b is not None else torch.zeros_like(mean_t)
+            scale = w_t / torch.sqrt(var_t + eps)
+            shift = b_t - mean_t * scale
+            rank = _rank(x)
+            if rank not in (3, 4):
+                continue
+            with gm.graph.inserting_before(node):
+                out = _depthwise(gm, node, x, scale, shift, rank)
+            if node.target != a.batch_norm.default:  # the legit op returns a tuple: its users index it
+                for u in list(node.users):
+                    if u.target is __import__("operator").getitem and u.args[1] == 0:
+                        u.replace_all_uses_with(out)
+                        gm.graph.erase_node(u)
+                if node.users:
+                    continue
+            else:
+                node.replace_all_uses_with(out)
+            gm.graph.erase_node(node)
+            n_done += 1
+        elif node.target == a.prelu.default:
+            x, alpha = node.args[:2]
+            rank = _rank(x)
+            if not _const(gm, alpha) or rank not in (2, 3, 4):
+                continue
+            alpha_t = _value(gm, alpha).reshape(-1)
+            channels = _shape(x)[1] if rank > 1 else 1
+            if alpha_t.numel() not in (1, channels):
+                continue
+            alpha_t = alpha_t.expand(channels).clone()
+            with gm.graph.inserting_before(node):
+                pos = _call(gm, node, a.relu.default, (x,))
+                neg = _call(gm, node, a.relu.default, (_call(gm, node, a.neg.default, (x,)),))
+                scaled = _depthwise(gm, node, neg, -alpha_t, None, rank)
+                out = _call(gm, node, a.add.Tensor, (pos, scaled))
+            node.replace_all_uses_with(out)
+            gm.graph.erase_node(node)
+            n_done += 1
+    if n_done:
+        gm.graph.eliminate_dead_code()
+        gm.recompile()
+    return n_done
+
+
+def annotate(gm: Any, cfg: Any) -> int:
+    """Annotate the ops with int8 kernels that litert-torch left float; returns how many."""
+    torch = require("torch")
+    from litert_torch.quantize.pt2e_quantizer_utils import get_input_act_qspec, get_output_act_qspec
+    from torchao.quantization.pt2e.quantizer import (
+        FixedQParamsQuantizationSpec,
+        QuantizationAnnotation,
+        SharedQuantizationSpec,
+    )
+
+    same, free, fixed = _ops()
+    act_in, act_out = get_input_act_qspec(cfg), get_output_act_qspec(cfg)
+    n_done = 0
+    for node in gm.graph.nodes:
+        ann = node.meta.get("quantization_annotation")
+        if (ann is not None and ann._annotated and ann.output_qspec is None and len(node.users) > 1
+                and node.op == "call_function" and _is_float_tensor(node)):
+            # litert-torch's conv_relu / add_relu / mul_relu fuse the ReLU without checking that the
+            # op has no other reader: those readers then get a float tensor (DEQUANTIZE -> float
+            # RELU in the .tflite). The op's own output is quantized for them.
+            ann.output_qspec = act_out
+            n_done += 1
+            continue
+        if node.op != "call_function" or node.target not in same | free | set(fixed):
+            continue
+        if ann is not None and ann._annotated:
+            continue
+        if not _is_float_tensor(node):
+            continue
+        ins = [x for x in _tensor_args(node) if _is_float_tensor(x)]
+        if not ins:
+            continue
+        if node.target in same:
+            x = ins[0]
+            src = x.meta.get("quantization_annotation")
+            if src is not None and src.output_qspec is not None and src._annotated:
+                spec = SharedQuantizationSpec(x)
+                in_map = {x: spec}
+            else:
+                in_map = {x: act_in}
+                spec = SharedQuantizationSpec((x, node))
+            node.meta["quantization_annotation"] = QuantizationAnnotation(
+                input_qspec_map=in_map, output_qspec=spec, _annotated=True)
+        elif node.target in fixed:
+            scale, zp = fixed[node.target]
+            out = FixedQParamsQuantizationSpec(dtype=torch.int8, scale=scale, zero_point=zp, quant_min=-128,
+                                               quant_max=127, qscheme=torch.per_tensor_affine)
+            node.meta["quantization_annotation"] = QuantizationAnnotation(
+                input_qspec_map={ins[0]: act_in}, output_qspec=out, _annotated=True)
+        else:
+            node.meta["quantization_annotation"] = QuantizationAnnotation(
+                input_qspec_map={x: act_in for x in ins}, output_qspec=act_out, _annotated=True)
+        n_done += 1
+    return n_done
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _depthwise(gm: Any, like: Any, x: Any, scale: Any, shift: Any, rank: int) -> Any:
+    """A depthwise 1x1 conv of ``x`` (rank 3 or 4, channels on dim 1; rank 2 viewed as [N, C, 1])."""
+    torch = require("torch")
+    a = torch.ops.aten
+    c = scale.numel()
+    w = scale.reshape(c, 1, *([1] * (max(rank, 3) - 2))).contiguous().float()
+    w_node = _attr(gm, like, "weight", w)
+    b_node = _attr(gm, like, "bias", shift.float()) if shift is not None else None
+    conv = a.conv2d.default if rank == 4 else a.conv1d.default
+    inp = x
+    if rank == 2:
+        inp = _call(gm, like, a.unsqueeze.default, (x, -1))
+    k = max(rank, 3) - 2
+    out = _call(gm, like, conv, (inp, w_node, b_node, [1] * k, [0] * k, [1] * k, c))
+    if rank == 2:
+        out = _call(gm, like, a.squeeze.dim, (out, -1))
+    return out
+
+
+def _call(gm: Any, like: Any, target: Any, args: tuple) -> Any:
+    """A new call node with ``like``'s source metadata and its output's fake value (meta["val"])."""
+    torch = require("torch")
+    from torch._guards import detect_fake_mode
+
+    node = gm.graph.call_function(target, args)
+    node.meta.update({k: v for k, v in like.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
+    vals = [x.meta.get("val") for x in args if isinstance(x, torch.fx.Node)]
+    mode = detect_fake_mode([v for v in vals if v is not None])
+    if mode is not None and all(v is not None for v in vals):
+        with mode:
+            node.meta["val"] = target(*[x.meta["val"] if isinstance(x, torch.fx.Node) else x for x in args])
+    return node
+
+
+def _attr(gm: Any, like: Any, kind: str, value: Any) -> Any:
+    from torch._guards import detect_fake_mode
+
+    name = f"_edgekit_{like.name}_{kind}"
+    gm.register_buffer(name, value)
+    node = gm.graph.get_attr(name)
+    mode = detect_fake_mode([like.meta["val"]] if like.meta.get("val") is not None else [])
+    if mode is not None:
+        node.meta["val"] = mode.from_tensor(value)
+    return node
+
+
+def _const(gm: Any, node: Any) -> bool:
+    return getattr(node, "op", None) == "get_attr"
+
+
+def _value(gm: Any, node: Any) -> Any:
+    obj = gm
+    for part in node.target.split("."):
+        obj = getattr(obj, part)
+    return obj.detach()
+
+
+def _shape(node: Any) -> list[int]:
+    v = node.meta.get("val")
+    return list(v.shape) if v is not None and hasattr(v, "shape") else []
+
+
+def _rank(node: Any) -> int:
+    v = node.meta.get("val")
+    return v.dim() if v is not None and hasattr(v, "dim") else -1
+
+
+def _producer_is_conv(x: Any) -> bool:
+    torch = require("torch")
+    a = torch.ops.aten
+    return getattr(x, "op", None) == "call_function" and x.target in (
+        a.conv2d.default, a.conv1d.default, a.convolution.default, a.conv_transpose2d.input) and len(x.users) == 1
+
+
+def _tensor_args(node: Any) -> list[Any]:
+    torch = require("torch")
+    out = []
+    for arg in node.args:
+        if isinstance(arg, torch.fx.Node):
+            out.append(arg)
+        elif isinstance(arg, (list, tuple)):
+            out.extend(x for x in arg if isinstance(x, torch.fx.Node))
+    return out
+
+
+def _is_float_tensor(node: Any) -> bool:
+    torch = require("torch")
+    v = node.meta.get("val") if hasattr(node, "meta") else None
+    if v is None and getattr(node, "op", None) == "get_attr":
+        return True  # a constant operand (mul/sub by a tensor constant): quantized with its own range
+    return isinstance(v, torch.Tensor) and v.is_floating_point()
