@@ -76,6 +76,7 @@ def main() -> None:
         print(f"\nsecond precision ({a.second}) of the same model: analysis cached vs --no-cache")
         print(f"  analyze stage: {t_no['analyze']:.2f} s -> {t_re['analyze']:.2f} s "
               f"(saves {t_no['analyze'] - t_re['analyze']:.2f} s)")
+        print("  every stage (s): " + ", ".join(f"{k} {t_no[k]:.2f} -> {t_re.get(k, 0):.2f}" for k in t_no))
         print(f"  whole convert: wall {nocache_wall:.2f} s -> {reuse_wall:.2f} s (saves {nocache_wall - reuse_wall:.2f} s), "
               f"cpu {nocache_cpu:.2f} s -> {reuse_cpu:.2f} s (saves {nocache_cpu - reuse_cpu:.2f} s)")
 
