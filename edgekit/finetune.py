@@ -22,6 +22,7 @@ writes checkpoints, the output and the progress.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 import time
@@ -390,6 +391,7 @@ def finetune(
     lr: float = 1e-4,
     temperature: float = 4.0,
     feature_weight: float = 0.0,
+    prune: float = 0.0,
     amp: bool = False,
     checkpoint_every: int = 0,
     checkpoint_dir: str | Path | None = None,
@@ -406,6 +408,8 @@ def finetune(
     float weights to ``out`` (a ``.pt2`` that ``edgekit convert`` takes). Under ``torchrun`` each process takes
     ``batch_size / world_size`` samples of every global batch; only rank 0 writes.
 
+    ``prune`` (a share of channels, for ``pkg.module:factory`` / pickled modules) makes the student a channel-pruned
+    copy (torch-pruning, as the planner prunes) and distills the whole float model into it.
     ``checkpoint_every`` N steps (and at the end) a checkpoint goes to ``checkpoint_dir`` (default
     ``<out>.ckpt/``); ``resume`` continues one exactly (weights, optimizer, schedule, step, RNG)."""
     torch = require("torch")
@@ -421,6 +425,11 @@ def finetune(
             raise InputSpecError(f"{name} {v}: give an integer of at least {lo}")
     if not lr > 0 or not temperature > 0 or feature_weight < 0:
         raise InputSpecError("--lr and --temperature must be positive, --feature-weight zero or more")
+    if not 0 <= prune < 1:
+        raise InputSpecError(f"--prune {prune}: give the share of channels to remove, from 0 up to (not) 1")
+    if prune and feature_weight:
+        raise InputSpecError("--feature-weight compares the student's activations with the teacher's, point by "
+                             "point; a pruned student has other channels: use one or the other")
     out = Path(os.path.abspath(out))
     if out.suffix != ".pt2":
         raise InputSpecError(f"-o {out}: the fine-tuned model is a torch.export program; name it *.pt2")
@@ -450,16 +459,30 @@ def finetune(
         kinds_by_name = infer_kinds(m, m.reference(), ds)
         kinds = [kinds_by_name[s.name] for s in m.outputs]
         recipe = {"target": target, "epochs": epochs, "batch_size": batch_size, "lr": lr,
-                  "temperature": temperature, "feature_weight": feature_weight, "amp": bool(amp), "seed": seed,
-                  "data": ds.source, "samples": n, "model_sha256": m.sha256}
+                  "temperature": temperature, "feature_weight": feature_weight, "prune": prune, "amp": bool(amp),
+                  "seed": seed, "data": ds.source, "samples": n, "data_sha256": _digest(ds, m),
+                  "model_sha256": m.sha256}
         if state is not None:
             _check_resume(state, recipe, Path(resume))
 
         torch.manual_seed(seed)
-        gm = _graph_module(m)
+        xs = _tensors(ds, m)
+        pruning = None
+        if prune:  # the student is a channel-pruned copy (torch-pruning); the teacher stays the whole float model
+            from edgekit.prune import prune as prune_channels
+
+            pruned, pruning = prune_channels(m, prune, ds, steps=0)
+            pruning.pop("finetune", None)
+            feeds = m.example_feeds()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", FutureWarning)
+                ep = torch.export.export(pruned.eval(), tuple(torch.from_numpy(feeds[s.name]) for s in m.inputs))
+            gm = _graph_module(dataclasses.replace(m, exported=ep))
+            log(f"pruned {prune:.0%} of the channels: MACs {pruning['macs_before']:,} -> {pruning['macs_after']:,}")
+        else:
+            gm = _graph_module(m)
         folded = _fold_batch_norms(gm)
         n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target])
-        xs = _tensors(ds, m)
         chunk = _batch_chunk(gm, xs)
         if chunk is not None:
             chunk = max(1, m.inputs[0].shape[0])
@@ -471,7 +494,11 @@ def finetune(
                 _chunked(gm, chunk)(*(x[i:i + 64] for x in xs))
         for a in _act_fqs(gm):
             a.freeze()
-        teacher = _chunked(copy.deepcopy(gm), chunk).to(dev).eval()
+        if prune:
+            teacher_gm = _graph_module(m)
+            teacher = _chunked(teacher_gm, 1 if _batch_chunk(teacher_gm, xs) else None).to(dev).eval()
+        else:  # the same graph with fake quantization off: its activations line up with the student's
+            teacher = _chunked(copy.deepcopy(gm), chunk).to(dev).eval()
         _set_mode(teacher, "off")
         for p in teacher.parameters():
             p.requires_grad_(False)
@@ -557,6 +584,7 @@ def finetune(
                              "loss": ("KL(T={:g}) on class outputs, MSE on others".format(temperature)
                                       + (f", + {feature_weight:g} x feature MSE" if feature_weight else ""))},
                   "student": {"weights": "int8 symmetric per-channel (fake-quant)", "weight_layers": n_w,
+                              "pruned": pruning,
                               "activations": ("int8 per-tensor " + ("symmetric" if SYMMETRIC_ACTS[target] else "asymmetric")
                                               + ", min/max over the data, held"),
                               "activation_points": n_a, "batch_norms_folded": folded},
@@ -571,7 +599,8 @@ def finetune(
         if world > 1:
             torch.distributed.barrier()
         return FinetuneResult(written, total, epochs, world, amp_kind, loss_before, loss_after, agree_before,
-                              agree_after, seconds, seconds / max(trained / steps_per_epoch, 1e-9), checkpoints, record)
+                              agree_after, seconds, seconds * steps_per_epoch / trained if trained else 0.0,
+                              checkpoints, record)
     finally:
         if dist_here:
             torch.distributed.destroy_process_group()
@@ -621,6 +650,7 @@ def _write_model(net, model: Model, out: Path, record: dict[str, Any]) -> Path:
             p.requires_grad_(False)
         ep = torch.export.export(net, tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs))
     out.parent.mkdir(parents=True, exist_ok=True)
+    _check_out(out)  # again: something may have appeared there while it trained
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", suffix=".pt2", dir=out.parent)
     os.close(fd)
     try:
@@ -663,10 +693,20 @@ def _load_checkpoint(path: Path) -> dict[str, Any]:
 
 
 def _check_resume(state: dict[str, Any], recipe: dict[str, Any], path: Path) -> None:
-    diff = [f"{k} {state['recipe'].get(k)!r} -> {v!r}" for k, v in recipe.items() if state["recipe"].get(k) != v]
+    diff = [f"{k} {state['recipe'].get(k)!r} -> {v!r}" for k, v in recipe.items()
+            if state["recipe"].get(k) != v and k != "data"]  # the data by content: a path may be written otherwise
     if diff:
         raise InputSpecError(f"--resume {path}: the checkpoint was made with other settings ({'; '.join(diff)}); "
                              "resume with the same model, data and options")
+
+
+def _digest(ds: Dataset, model: Model) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for s in model.inputs:
+        h.update(np.ascontiguousarray(ds.inputs[s.name]).tobytes())
+    return h.hexdigest()
 
 
 def read_record(path: str | Path) -> dict[str, Any] | None:

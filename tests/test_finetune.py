@@ -207,13 +207,9 @@ def test_onnx_model_through_the_bridge(digits, tmp_path):
     if importlib.util.find_spec("onnx2torch") is None:  # imported by edgekit.onnx_bridge, with its torchvision stand-in
         pytest.skip("onnx2torch is not installed")
 
-    sys.path.insert(0, str(digits["model"].parent))
-    try:
-        from train import DigitsCNN  # examples/digits/train.py: the trained model's class
-    finally:
-        sys.path.pop(0)
-    net = DigitsCNN().eval()
-    net.load_state_dict(load_model(digits["model"]).exported.state_dict)
+    import plan_nets  # tests/support: the digits example as an nn.Module
+
+    net = plan_nets.digits()
     onnx_path = tmp_path / "digits.onnx"
     torch.onnx.export(net, (torch.zeros(1, 1, 8, 8),), str(onnx_path), input_names=["image"], dynamo=False,
                       opset_version=13)
@@ -221,3 +217,21 @@ def test_onnx_model_through_the_bridge(digits, tmp_path):
     assert res.loss_after < res.loss_before and res.agreement_after == 1.0
     assert res.record["student"]["weight_layers"] == 4
     assert load_model(res.out).outputs[0].shape == (1, 10)
+
+
+def test_pruned_student_distilled_from_the_whole_float_model(digits, tmp_path):
+    """--prune: the student loses a quarter of its channels (torch-pruning) and learns from the unpruned float model."""
+    pytest.importorskip("torch_pruning")
+    from edgekit.ingest import load_model
+
+    res = finetune("plan_nets:digits", digits["calib"], tmp_path / "pruned.pt2", epochs=20, lr=3e-3, prune=0.25,
+                   input_shape=["1,1,8,8"])
+    pr = res.record["student"]["pruned"]
+    assert pr["macs_after"] < 0.75 * pr["macs_before"] and pr["params_after"] < pr["params_before"]
+    # measured: loss 6.1 -> 0.40, agreement with float on the 200 inputs 98% (the pruned copy starts far off)
+    assert res.loss_after < 0.1 * res.loss_before and res.agreement_after >= 0.95, res
+    small = load_model(res.out)
+    assert sum(v.numel() for v in small.exported.state_dict.values()) < pr["params_before"]
+    with pytest.raises(InputSpecError, match="one or the other"):
+        finetune("plan_nets:digits", digits["calib"], tmp_path / "x.pt2", prune=0.25, feature_weight=1.0,
+                 input_shape=["1,1,8,8"])

@@ -23,6 +23,7 @@ def finetune(
     lr: Annotated[float, typer.Option("--lr", help="Adam learning rate (cosine schedule to 0)")] = 1e-4,
     temperature: Annotated[float, typer.Option("--temperature", help="distillation temperature for class outputs")] = 4.0,
     feature_weight: Annotated[float, typer.Option("--feature-weight", help="weight of the MSE on quantized intermediate activations (0: outputs only)")] = 0.0,
+    prune: Annotated[float, typer.Option("--prune", help="also remove this share of channels (torch-pruning; pkg.module:factory models)")] = 0.0,
     amp: Annotated[bool, typer.Option("--amp/--no-amp", help="mixed precision: bf16 autocast on CPU, fp16 with a grad scaler on CUDA")] = False,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="write a checkpoint every N steps (0: only at the end)")] = 0,
     checkpoint_dir: Annotated[Path | None, typer.Option("--checkpoint-dir", help="checkpoint folder (default <output>.ckpt/)")] = None,
@@ -50,7 +51,7 @@ def finetune(
 
     try:
         res = run(model, data, out, target=target, epochs=epochs, batch_size=batch_size, lr=lr, temperature=temperature,
-                  feature_weight=feature_weight, amp=amp, checkpoint_every=checkpoint_every,
+                  feature_weight=feature_weight, prune=prune, amp=amp, checkpoint_every=checkpoint_every,
                   checkpoint_dir=checkpoint_dir, resume=resume, seed=seed, device=device, input_shape=input_shape,
                   trust_pickle=trust_pickle, on_step=on_step,
                   log=lambda m: rank0 and err.print(f"  [dim]{m}[/]", highlight=False))
