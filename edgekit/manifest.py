@@ -88,11 +88,13 @@ class CalibrationRecord(_Record):
 
 
 class BudgetsRecord(_Record):
-    """The board's budgets as the smoke test checks them (absolute: ram_mb is the model's share)."""
+    """The board's budgets as the plan and the smoke test use them: ``ram_mb`` is the whole process (peak RSS),
+    ``runtime_overhead_mb`` plus the model's share of the board's RAM."""
 
     latency_ms: float | None = None
     power_w: float | None = None
     ram_mb: float | None = None
+    runtime_overhead_mb: float | None = None
     storage_mb: float | None = None
     energy_mj: float | None = None
 

@@ -256,8 +256,20 @@ BUDGET_NAMES = {"ram_mb": "RAM", "storage_mb": "storage", "latency_ms": "latency
                 "energy_mj": "energy", "accuracy_drop_points": "accuracy drop"}
 
 
-def fmt_budget(k: str, v: float) -> str:
-    return f"{v:.6g} {BUDGET_UNITS[k]}"
+def fmt_budget(k: str, v: float, digits: int = 6) -> str:
+    """A budget or estimate in its unit, readable at any size: "65,536 MB", "1,500.07 MB", "0.0575 MB", "33.3 ms"."""
+    return (f"{v:,.0f}" if abs(v) >= 10**digits else f"{v:,.{digits}g}") + f" {BUDGET_UNITS[k]}"
+
+
+def tightest(s: Scored, budgets: Budgets) -> str:
+    """The budget a fitting candidate comes closest to, e.g. "RAM at 27% of 5,596 MB (runtime 1,500 MB + model
+    0.066 MB)": the runtime's own RAM is named, as it can dominate a small model's figure."""
+    k, e = s.binding, s.estimate
+    out = f"{BUDGET_NAMES[k]} at {s.usage[k]:.0%} of {fmt_budget(k, getattr(budgets, k))}"
+    if k == "ram_mb" and e.runtime_overhead_mb:
+        out += (f" (runtime {fmt_budget(k, e.runtime_overhead_mb)} + model "
+                f"{fmt_budget(k, e.ram_mb - e.runtime_overhead_mb, 3)})")
+    return out
 
 
 def choose(
@@ -336,8 +348,7 @@ def _reason(best: Scored, scored: list[Scored], budgets: Budgets, native: str | 
     if not less:
         what = (f"the board's accelerator computes in {native}, and" if c.precision == native
                 else "the least compressed candidate")
-        return (f"{c.label}: {what} fits every budget "
-                f"(tightest: {BUDGET_NAMES[best.binding]} at {best.usage[best.binding]:.0%} of budget)")
+        return f"{c.label}: {what} fits every budget (tightest: {tightest(best, budgets)})"
     # which budget ruled out the less compressed candidates: the one most of them exceed
     counts: dict[str, int] = {}
     for s in less:

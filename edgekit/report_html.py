@@ -38,7 +38,7 @@ def _png(fig) -> bytes:
 
 
 def budget_bars(plan: Plan) -> bytes:
-    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS
+    from edgekit.planner import BUDGET_NAMES, fmt_budget
 
     plt = _plt()
     s = plan.choice
@@ -52,7 +52,7 @@ def budget_bars(plan: Plan) -> bytes:
     est = s.estimate
     values = {"ram_mb": est.ram_mb, "storage_mb": est.storage_mb, "latency_ms": est.latency_ms,
               "power_w": est.power_w, "energy_mj": est.energy_mj}
-    ax.set_yticklabels([f"{BUDGET_NAMES[k]}\n{values[k]:.6g} / {getattr(plan.budgets, k):.6g} {BUDGET_UNITS[k]}"
+    ax.set_yticklabels([f"{BUDGET_NAMES[k]}\n{fmt_budget(k, values[k], 4)} / {fmt_budget(k, getattr(plan.budgets, k))}"
                         for k in keys], fontsize=8)
     ax.set_xlabel("% of budget (estimate)")
     ax.set_title(f"budgets: {est.candidate.label} on {plan.board}", fontsize=9)
@@ -129,7 +129,7 @@ def layers(plan: Plan) -> bytes:
 
 
 def render(plan: Plan, images: dict[str, bytes]) -> str:
-    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS
+    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, fmt_budget
 
     def img(name: str) -> str:
         data = base64.b64encode(images[name]).decode()
@@ -140,11 +140,12 @@ def render(plan: Plan, images: dict[str, bytes]) -> str:
     for s in plan.candidates:
         est = s.estimate
         chosen = est.candidate == e.candidate
-        over = ", ".join(f"{BUDGET_NAMES[k]} +{v:.4g} {BUDGET_UNITS[k]}" for k, v in s.over.items()) or "fits"
+        over = ("no: " + ", ".join(f"{BUDGET_NAMES[k]} +{fmt_budget(k, v, 4)}" for k, v in s.over.items()) if s.over
+                else f"yes (tightest: {BUDGET_NAMES[s.binding]} {s.usage[s.binding]:.0%})")
         rows.append(
             f"<tr class='{'chosen' if chosen else ('ok' if s.fits else 'no')}'><td>{html.escape(est.candidate.label)}</td>"
             f"<td>{est.ram_mb:.3f}</td><td>{est.storage_mb:.4f}</td><td>{est.latency_ms:.4f}</td>"
-            f"<td>{est.energy_mj:.4f}</td><td>{BUDGET_NAMES[s.binding]}</td><td>{html.escape(over)}</td></tr>")
+            f"<td>{est.energy_mj:.4f}</td><td>{html.escape(over)}</td></tr>")
     steps = "".join(
         f"<li>{len(st.float_layers)} layer(s) kept float ({html.escape(', '.join(st.float_layers)) or 'none'}): "
         f"accuracy {st.accuracy:.2%}, float {st.float_accuracy:.2%}, drop {st.drop_points:.2f} points</li>"
@@ -152,7 +153,7 @@ def render(plan: Plan, images: dict[str, bytes]) -> str:
     sens = "".join(f"<li>{html.escape(k)}: +{v:.2f} points when kept float</li>" for k, v in plan.sensitivity.items())
     notes = "".join(f"<li>{html.escape(n)}</li>" for n in plan.notes)
     b = plan.budgets
-    budgets = ", ".join(f"{BUDGET_NAMES[k]} {v:.4g} {BUDGET_UNITS.get(k, 'points')}"
+    budgets = ", ".join(f"{BUDGET_NAMES[k]} {fmt_budget(k, v) if k in BUDGET_UNITS else f'{v:g} points'}"
                         for k, v in b.to_json().items() if v is not None)
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>edgekit plan: {html.escape(plan.board)}</title>
@@ -173,7 +174,7 @@ at {e.power_w:g} W.</p>
 <h2>Budgets</h2>{img('budgets')}
 <h2>Candidates</h2>{img('pareto')}
 <table><tr><th>candidate</th><th>RAM MB</th><th>storage MB</th><th>latency ms</th><th>energy mJ</th>
-<th>binds</th><th>budgets</th></tr>{''.join(rows)}</table>
+<th>fits</th></tr>{''.join(rows)}</table>
 <h2>Per layer</h2>{img('layers')}
 {('<h2>Notes</h2><ul>' + notes + '</ul>') if notes else ''}
 </body></html>

@@ -43,6 +43,35 @@ def _selection(sel: dict[str, Any] | None) -> str:
             + (f"; {held} samples held out of calibration" if held else "") + ")")
 
 
+def _budgets(man: dict[str, Any]) -> list[str]:
+    """The plan's estimate beside the board's budgets: the same figures `edgekit plan` prints, the runtime's own
+    RAM on a line of its own, and the power mode named."""
+    from edgekit.planner import BUDGET_NAMES, fmt_budget
+
+    b, plan = man["budgets"], man.get("plan") or {}
+    est = plan.get("estimate") or {}
+    overhead = b.get("runtime_overhead_mb")
+    mode = plan.get("power_mode") or man["board"].get("default_power_mode")
+    watts = ((man["board"].get("profile") or {}).get("power_modes") or {}).get(mode, {}).get("power_w")
+    by = "chosen by the planner" if plan.get("chosen_by") == "planner" else "the board's default"
+    out = ["## Budgets and the plan's estimate", "",
+           f"Power mode **{mode}**" + (f" ({watts:g} W)" if watts is not None else "") + f", {by}.", "",
+           "| | estimate | budget |", "|---|---|---|"]
+
+    def row(name: str, key: str, e: float | None, lim: float | None) -> None:
+        out.append(f"| {name} | {'—' if e is None else fmt_budget(key, e, 4)} | {'—' if lim is None else fmt_budget(key, lim)} |")
+
+    ram = est.get("ram_mb")
+    row("RAM, whole process", "ram_mb", ram, b.get("ram_mb"))
+    if overhead is not None:
+        row("· runtime overhead", "ram_mb", overhead, overhead)
+        row("· model (weights + activations)", "ram_mb", None if ram is None else ram - overhead,
+            None if b.get("ram_mb") is None else round(b["ram_mb"] - overhead, 3))
+    for key in ("storage_mb", "latency_ms", "power_w", "energy_mj"):
+        row(BUDGET_NAMES[key], key, est.get(key), b.get(key))
+    return out + [""]
+
+
 def render_report(man: dict[str, Any], stats: ModelStats) -> str:
     v = man["verification"]
     lines = [
@@ -83,7 +112,7 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
                   f"{v['eval_samples']} samples can tell."]
     if v["failures"]:
         lines += ["", "### Failures", ""] + [f"- {f}" for f in v["failures"]]
-    a = man["analysis"]
+    a, prim = man["analysis"], man["artifact"]["primary"]
     lines += [
         "",
         "## Model",
@@ -91,14 +120,12 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         f"- parameters: {a['params']:,} ({a['weight_params']:,} in conv/linear weights), MACs: {a['macs']:,}",
         "- weight bytes: " + ", ".join(f"{k} {fmt_size(b)}" for k, b in a["weight_bytes"].items()),
         f"- peak live activations: {fmt_size(a['peak_activation_bytes'])} (sum of all activations {fmt_size(a['total_activation_bytes'])})",
-        f"- artifact: `{man['artifact']['primary']}` {fmt_size(man['files'][man['artifact']['primary']]['bytes']) if 'files' in man else ''}",
+        f"- artifact: `{prim}` {fmt_size(sum(f['bytes'] for k, f in (man.get('files') or {}).items() if k == prim or k.startswith(prim + '/')))}",
         "",
-        "## Board budgets",
-        "",
-        f"- latency {man['budgets']['latency_ms']} ms, power {man['budgets']['power_w']} W, model RAM {man['budgets']['ram_mb']} MB",
-        ("- this machine is the board: `python3 run.py` in the bundle (the smoke test) measures them here"
-         if man["board"]["id"] == "host/host" else
-         "- these are checked on the board by `python3 run.py` (smoke test); the host cannot measure them."),
+        *_budgets(man),
+        ("The smoke test (`python3 run.py` in the bundle) measures latency, RAM and power on this machine, "
+         "which is the board." if man["board"]["id"] == "host/host" else
+         "The smoke test (`python3 run.py` in the bundle) measures latency, RAM and power on the board."),
     ]
     eng = man["artifact"].get("engine")
     if eng is not None and not eng.get("built"):

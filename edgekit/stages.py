@@ -36,7 +36,7 @@ from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
 from edgekit.fsutil import data_dir, sha256_file
 from edgekit.ingest import Model, check_target_takes, for_converter, load_model
 from edgekit.manifest import SCHEMA_VERSION, Manifest
-from edgekit.planner import Plan, plan_section
+from edgekit.planner import Budgets, Plan, plan_section
 from edgekit.profiles import Board, Target, Tolerance
 from edgekit.report_md import render_report
 from edgekit.verify import Verification, infer_kinds, pick_eval_output
@@ -330,7 +330,6 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
                 runner_files.append(rel.as_posix())
 
     tol = tgt.tolerances[precision]
-    budgets = brd.budgets
     manifest: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "name": bundle_name(m.source, tgt.name, precision),
@@ -354,9 +353,7 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
         },
         "artifact": {"primary": artifact.primary, "format": artifact.format, **artifact.meta},
         "toolchain": {"edgekit": __version__, **versions},
-        "budgets": {"latency_ms": budgets.latency_ms, "power_w": budgets.power_w,
-                    "ram_mb": round(budgets.model_ram_share * brd.ram_mb, 1),
-                    "storage_mb": budgets.storage_mb, "energy_mj": budgets.energy_mj},
+        "budgets": budget_record(brd, plan),
         "golden": {"file": GOLDEN_FILE, "samples": int(next(iter(golden_in.values())).shape[0]),
                    "source": verification.golden_source, "inputs": g_inputs, "outputs": g_outputs,
                    "selection": selection},
@@ -369,6 +366,7 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
         "warnings": warnings,
         "notes": artifact.notes + verification.notes,
     }
+    manifest["files"] = {p.relative_to(out).as_posix(): {"bytes": p.stat().st_size} for p in out.rglob("*") if p.is_file()}
     (out / "report.md").write_text(render_report(manifest, stats))
     files = sorted(p for p in out.rglob("*") if p.is_file())
     manifest["files"] = {
@@ -380,6 +378,14 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
     return manifest
 
 
+
+
+def budget_record(brd: Board, plan: dict[str, Any] | None) -> dict[str, Any]:
+    """The manifest's budgets: the plan's own figures (one set of numbers for plan, report and smoke test);
+    ``ram_mb`` is the whole process, ``runtime_overhead_mb`` of it the runtime's own."""
+    b = (plan or {}).get("budgets") or Budgets.for_board(brd).to_json()
+    return {**{k: b.get(k) for k in ("latency_ms", "power_w", "ram_mb", "storage_mb", "energy_mj")},
+            "runtime_overhead_mb": brd.runtime_overhead_mb}
 
 
 def bundle_name(source: str, target: str, precision: str) -> str:

@@ -214,6 +214,27 @@ def test_cli_plan_json_and_report(digits, tmp_path):
     assert "choice:" in r2.stdout
 
 
+def test_cli_plan_figures_are_readable_and_explained(digits, monkeypatch):
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+
+    monkeypatch.setenv("COLUMNS", "200")
+    r = CliRunner().invoke(app, ["plan", str(digits["model"]), "--board", "jetson-orin-nano-8gb"])
+    assert r.exit_code == 0, r.output
+    b = load_board("jetson-orin-nano-8gb")
+    assert not re.search(r"\d[eE][+-]\d", r.stdout), r.stdout  # no 6.554e+04 MB
+    assert f"storage {b.storage_mb:,} MB" in r.stdout
+    # the runtime's own RAM is its own figure, and the budget is the model's share plus it
+    share = b.budgets.model_ram_share * b.ram_mb
+    assert (f"RAM {share + b.runtime_overhead_mb:,.0f} MB for the whole process (runtime overhead "
+            f"{b.runtime_overhead_mb:,.0f} MB + model {share:,.0f} MB)") in r.stdout
+    assert "binds" not in r.stdout  # a fitting candidate is never said to bind
+    rows = [ln for ln in r.stdout.splitlines() if "/ 7W " in ln or "/ 25W " in ln]
+    assert rows and all(("yes (" in ln) != ("no: power" in ln) for ln in rows), rows
+    assert re.search(r"tightest: RAM at \d+% of [\d,]+ MB \(runtime [\d,]+ MB \+ model 0\.\d+ MB\)", r.stdout)
+
+
 def test_cli_plan_impossible_budget_exit_2(digits):
     from typer.testing import CliRunner
 
@@ -235,6 +256,15 @@ def test_convert_precision_auto_uses_the_plan(digits, tmp_path):
     assert man["precision"] == "fp32"  # least compressed fits the nano's default budgets
     assert man["plan"]["chosen_by"] == "planner" and "least compressed" in man["plan"]["reason"]
     assert man["plan"]["estimate"]["ram_mb"] > b.runtime_overhead_mb
+    # one set of budget figures: the manifest (what the smoke test judges) holds the plan's, report.md shows them
+    assert {k: man["budgets"][k] for k in ("ram_mb", "power_w", "latency_ms")} == {
+        k: man["plan"]["budgets"][k] for k in ("ram_mb", "power_w", "latency_ms")}
+    assert man["budgets"]["runtime_overhead_mb"] == b.runtime_overhead_mb
+    report = (res.out_dir / "report.md").read_text()
+    mode = man["plan"]["power_mode"]
+    assert f"Power mode **{mode}** ({b.power_modes[mode].power_w:g} W), chosen by the planner." in report
+    assert f"| RAM, whole process | {man['plan']['estimate']['ram_mb']:,.4g} MB | {man['budgets']['ram_mb']:,.6g} MB |" in report
+    assert f"| · runtime overhead | {b.runtime_overhead_mb:,.4g} MB |" in report
     # a user-chosen precision still carries the estimate (for recalibration from smoke results)
     res2 = convert(str(digits["model"]), target="jetson", out=tmp_path / "c", board="jetson-nano-4gb", precision="fp16")
     assert res2.manifest["plan"]["chosen_by"] == "user"

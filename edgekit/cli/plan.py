@@ -37,7 +37,7 @@ def plan(
     build: Annotated[Path | None, typer.Option("--build", help="with --eval: keep the chosen build in this folder")] = None,
 ) -> None:
     """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
-    from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, Budgets, analyze, choose, plan_target
+    from edgekit.planner import BUDGET_NAMES, Budgets, analyze, choose, fmt_budget, plan_target, tightest
     from edgekit.refine import refine
     from edgekit.fsutil import work_dir
     from edgekit.profiles import load_board
@@ -65,23 +65,29 @@ def plan(
         print(json.dumps(p.to_json(), indent=2))
         return
     b = p.budgets
-    console.print(f"[bold]{brd.id}[/] ({p.target}), budgets: RAM {_num(b.ram_mb)} MB, storage {_num(b.storage_mb)} MB, "
-                  f"latency {_num(b.latency_ms)} ms, power {_num(b.power_w)} W"
-                  + (f", energy {_num(b.energy_mj)} mJ" if b.energy_mj else "")
+    overhead = p.choice.estimate.runtime_overhead_mb
+    budget = {k: fmt_budget(k, getattr(b, k)) for k in ("ram_mb", "storage_mb", "latency_ms", "power_w", "energy_mj")
+              if getattr(b, k) is not None}
+    console.print(f"[bold]{brd.id}[/] ({p.target}), budgets: RAM {budget['ram_mb']} for the whole process "
+                  f"(runtime overhead {fmt_budget('ram_mb', overhead)} + model {fmt_budget('ram_mb', b.ram_mb - overhead)}), "
+                  f"storage {budget['storage_mb']}, latency {budget['latency_ms']}, power {budget['power_w']}"
+                  + (f", energy {budget['energy_mj']}" if "energy_mj" in budget else "")
                   + f", accuracy drop {_num(b.accuracy_drop_points)} points"
-                  + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""))
-    t = Table(title="candidates (estimates)", title_justify="left")
-    for col, just in (("candidate", "left"), ("RAM MB", "right"), ("storage MB", "right"), ("latency ms", "right"),
-                      ("energy mJ", "right"), ("binds", "left"), ("fits", "left")):
+                  + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""), highlight=False)
+    t = Table(title=f"candidates (estimates; RAM is the model's, each adds the runtime's {fmt_budget('ram_mb', overhead)})",
+              title_justify="left")
+    for col, just in (("candidate", "left"), ("model RAM MB", "right"), ("storage MB", "right"),
+                      ("latency ms", "right"), ("energy mJ", "right"), ("fits", "left")):
         t.add_column(col, justify=just)
     chosen = p.choice.estimate.candidate
     for s in p.candidates:
         e = s.estimate
-        mark = "[bold green]◀ chosen[/]" if e.candidate == chosen else ""
-        fits = "[green]yes[/]" if s.fits else "[red]" + ", ".join(
-            f"{BUDGET_NAMES[k]} +{_num(v)} {BUDGET_UNITS[k]}" for k, v in s.over.items()) + "[/]"
-        t.add_row(e.candidate.label, f"{e.ram_mb:.3f}", f"{e.storage_mb:.4f}", f"{e.latency_ms:.4f}",
-                  f"{e.energy_mj:.4f}", BUDGET_NAMES[s.binding], f"{fits} {mark}")
+        mark = " [bold green]◀ chosen[/]" if e.candidate == chosen else ""
+        # a fitting candidate names the budget it comes closest to; one that does not, what it exceeds
+        fits = (f"[green]yes[/] ({BUDGET_NAMES[s.binding]} {s.usage[s.binding]:.0%})" if s.fits else "[red]no: " + ", ".join(
+            f"{BUDGET_NAMES[k]} +{fmt_budget(k, v)}" for k, v in s.over.items()) + "[/]")
+        t.add_row(e.candidate.label, f"{e.ram_mb - e.runtime_overhead_mb:.4g}", f"{e.storage_mb:.4g}",
+                  f"{e.latency_ms:.4g}", f"{e.energy_mj:.4g}", fits + mark)
     console.print(t)
     for step in p.eval_steps:
         console.print(f"eval: {len(step.float_layers)} layer(s) kept float → accuracy {step.accuracy:.2%} "
