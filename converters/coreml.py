@@ -131,8 +131,9 @@ class CoreMLConverter:
         dest = job.out_dir / PRIMARY
         mlmodel.save(str(dest))
         checks = linux_checks(job, dest, comp, threshold, mixed=bool(kept_fp32))
-        job.log(f"package: weight.bin {checks['weights']['measured_bytes']:,} B "
-                f"(expected {checks['weights']['expected_bytes']:,} B), {sum(checks['op_counts'].values())} MIL ops")
+        w = checks["weights"]
+        job.log(f"package: weight.bin {w['measured_bytes']:,} B ({w['expected_bytes']:,} B of {job.precision} weights "
+                f"and biases, + headers), {sum(checks['op_counts'].values())} MIL ops")
         for flag in checks["ane_flags"]:
             job.warn(f"Neural Engine: {flag}")
         files = sorted(p.relative_to(job.out_dir).as_posix() for p in dest.rglob("*") if p.is_file())
@@ -142,10 +143,9 @@ class CoreMLConverter:
             "model off the Neural Engine flagged "
             f"({len(checks['ane_flags'])} found).",
         ]
-        w = checks["weights"]
-        notes.append(
-            f"weight file {w['measured_bytes']:,} B for {w['fp32_weight_bytes']:,} B of fp32 conv/linear weights"
-            + (f" ({w['file_ratio_vs_fp32_weights']:.3f}x)" if w["file_ratio_vs_fp32_weights"] else "")
+        notes.append(  # one fp32 figure, the analysis' own: every float weight and bias at 4 bytes
+            f"weight file {w['measured_bytes']:,} B for {w['fp32_bytes']:,} B of weights and biases at fp32"
+            + (f" ({w['measured_bytes'] / w['fp32_bytes']:.3f}x)" if w["fp32_bytes"] else "")
             + (f"; the {w['compressed_tensors']} compressed tensors take {w['compressed_ratio_vs_fp32']:.3f}x "
                f"of fp32 ({comp.describe})" if w["compressed_ratio_vs_fp32"] else "")
             + f"; conversion {t_convert:.2f} s, compression {t_compress:.2f} s"
@@ -522,7 +522,8 @@ def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, preci
         "measured_bytes": measured,
         "expected_bytes": int(expected_data),
         "allowed_overhead_bytes": overhead,
-        "fp32_weight_bytes": 4 * n_all,
+        "fp32_weight_bytes": 4 * n_all,  # conv/linear weights only
+        "fp32_bytes": 4 * (n_elig + n_other_consts),  # every float const: weights and biases
         "weight_tensors": len(weights),
         "compressed_tensors": len(eligible),
         "compressed_elements": n_elig,

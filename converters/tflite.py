@@ -91,7 +91,8 @@ def _quantizer(dynamic: bool):
     from edgekit.converters import tflite_int8
 
     class EdgekitPT2EQuantizer(pq.PT2EQuantizer):
-        fixed_adds = 0
+        fixed_adds = 0  # binary add/mul nodes annotated here (litert-torch's annotators missed them)
+        binary_nodes = 0  # every binary add/mul on two tensors: all of them end up annotated
         int8_ops = rewritten = 0  # ops annotated / rewritten by converters/tflite_int8.py
 
         def transform_for_annotation(self, model):
@@ -113,9 +114,11 @@ def _quantizer(dynamic: bool):
             # residuals) the result is DEQUANTIZE -> float ADD -> QUANTIZE in the .tflite.
             # Annotate every binary add/mul on tensors here.
             for n in model.graph.nodes:
-                if (n.op == "call_function" and n.target in binary
-                        and "quantization_annotation" not in n.meta
-                        and all(isinstance(a, torch.fx.Node) for a in n.args[:2])):
+                if n.op != "call_function" or n.target not in binary or not all(
+                        isinstance(a, torch.fx.Node) for a in n.args[:2]):
+                    continue
+                self.binary_nodes += 1
+                if "quantization_annotation" not in n.meta:
                     n.meta["quantization_annotation"] = QuantizationAnnotation(
                         input_qspec_map={a: get_input_act_qspec(cfg) for a in n.args[:2]},
                         output_qspec=get_output_act_qspec(cfg), _annotated=True,
@@ -445,10 +448,11 @@ class TFLiteConverter:
         }
         if not dynamic:
             info.update({"calibration_batches": n_batches, "calibration_source": job.calib.source,
-                         "add_mul_annotated_by_edgekit": q.fixed_adds,
+                         "add_mul_quantized": q.binary_nodes, "add_mul_annotated_by_edgekit": q.fixed_adds,
                          "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten})
-            job.log(f"PT2E calibrated on {n_batches} batches; edgekit annotated {q.fixed_adds} add/mul and "
-                    f"{q.int8_ops} other int8 op(s), rewrote {q.rewritten} (BatchNorm after ReLU, PReLU)")
+            job.log(f"PT2E calibrated on {n_batches} batches; {q.binary_nodes} add/mul node(s) quantized "
+                    f"({q.fixed_adds} annotated by edgekit where litert-torch's annotator missed them); edgekit "
+                    f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} (BatchNorm after ReLU, PReLU)")
         return info, edge
 
     def _latency(self, path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:

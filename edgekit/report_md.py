@@ -123,8 +123,8 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         f"- artifact: `{prim}` {fmt_size(sum(f['bytes'] for k, f in (man.get('files') or {}).items() if k == prim or k.startswith(prim + '/')))}",
         "",
         *_budgets(man),
-        ("The smoke test (`python3 run.py` in the bundle) measures latency, RAM and power on this machine, "
-         "which is the board." if man["board"]["id"] == "host/host" else
+        ("This machine is the board: the smoke test (`python3 run.py` in the bundle) measures latency, RAM and "
+         "power here." if man["board"]["id"] == "host/host" else
          "The smoke test (`python3 run.py` in the bundle) measures latency, RAM and power on the board."),
     ]
     eng = man["artifact"].get("engine")

@@ -38,6 +38,8 @@ def test_int8_full_integer_with_int8_io(int8_build):
     assert "QUANTIZE" not in art["op_counts"] and "DEQUANTIZE" not in art["op_counts"]
     # one channel: NCHW -> NHWC is a RESHAPE, no TRANSPOSE at all
     assert art["transpose"]["total"] <= 1 and art["transpose"]["interior"] == 0
+    # the model's ADD is counted as quantized, whoever annotated it (was: "0 add/mul node(s) annotated")
+    assert art["op_counts"].get("ADD") == art["quantization"]["add_mul_quantized"] == 1
 
 
 def test_int8_accuracy_within_one_point(int8_build):

@@ -262,4 +262,4 @@ def test_host_board_is_worded_as_this_machine(digits, tmp_path):
     engine = next(n for n in res.notes if n.startswith("TensorRT engine not built here"))
     assert "on the board" not in engine and "this machine" in engine
     report = (res.out_dir / "report.md").read_text()
-    assert "this machine is the board" in report and "the host cannot measure them" not in report
+    assert "This machine is the board" in report and "the host cannot measure them" not in report

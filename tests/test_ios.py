@@ -7,6 +7,7 @@ Core ML predict needs macOS: here the package's decompressed MIL program runs in
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import struct
 import sys
@@ -169,6 +170,11 @@ def test_fp32_is_flagged_off_the_neural_engine(digits, tmp_path):
     assert any("Neural Engine" in w for w in res.warnings)
     assert res.verification.outputs[0].max_rel_error < 1e-5  # fp32 program vs torch: same arithmetic
     assert 1.0 <= checks["weights"]["file_ratio_vs_fp32_weights"] <= 1.05
+    # one fp32 weight size for the model, printed and recorded alike: the analysis' (weights and biases)
+    fp32 = res.manifest["analysis"]["weight_bytes"]["fp32"]
+    assert checks["weights"]["fp32_bytes"] == checks["weights"]["expected_bytes"] == fp32
+    sizes = {int(n.replace(",", "")) for t in res.notes for n in re.findall(r"([\d,]+) B of weights and biases at fp32", t)}
+    assert sizes == {fp32}
 
 
 def test_board_sets_deployment_target(digits, tmp_path):
