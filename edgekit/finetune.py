@@ -485,8 +485,11 @@ def finetune(
         n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target])
         chunk = _batch_chunk(gm, xs)
         if chunk is not None:
-            chunk = max(1, m.inputs[0].shape[0])
-            log(f"the graph is fixed at batch {chunk}: each batch runs {chunk} sample(s) at a time")
+            if m.inputs[0].shape[0] != 1:
+                raise InputSpecError(
+                    f"{m.source}: the graph is fixed at batch {m.inputs[0].shape[0]} (a reshape to it); finetune "
+                    "runs such a graph one sample at a time: export the model at batch 1 or with a dynamic batch")
+            log("the graph is fixed at batch 1: each batch runs one sample at a time")
         # activation ranges: min/max of the float model over all the data, on every rank alike, then held
         _set_mode(gm, "observe")
         with torch.no_grad():
