@@ -362,7 +362,10 @@ def _dist_setup(device: str | None):
     """(rank, world, device, initialized_here) from torchrun's environment; one process when absent."""
     torch = require("torch")
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    cuda = torch.cuda.is_available() if device in (None, "auto") else device.startswith("cuda")
+    cuda = torch.cuda.is_available() if device in (None, "auto") else device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise InputSpecError("--device cuda: torch sees no CUDA device here (a CPU build of torch, or no GPU); "
+                             "use --device cpu")
     if world <= 1:
         return 0, 1, torch.device("cuda" if cuda else "cpu"), False
     import torch.distributed as dist
@@ -425,6 +428,9 @@ def finetune(
             raise InputSpecError(f"{name} {v}: give an integer of at least {lo}")
     if not lr > 0 or not temperature > 0 or feature_weight < 0:
         raise InputSpecError("--lr and --temperature must be positive, --feature-weight zero or more")
+    if device not in (None, "auto", "cpu", "cuda"):
+        raise InputSpecError(f"--device {device}: choose auto, cpu or cuda (under torchrun each process takes the "
+                             "GPU of its LOCAL_RANK)")
     if not 0 <= prune < 1:
         raise InputSpecError(f"--prune {prune}: give the share of channels to remove, from 0 up to (not) 1")
     if prune and feature_weight:

@@ -118,6 +118,8 @@ def test_bad_input_is_refused_cleanly(digits, tmp_path):
         finetune(digits["model"], digits["calib"], tmp_path / "x.pt2", target="fpga")
     with pytest.raises(InputSpecError, match=r"\*\.pt2"):
         finetune(digits["model"], digits["calib"], tmp_path / "x.onnx")
+    with pytest.raises(InputSpecError, match="choose auto, cpu or cuda"):
+        finetune(digits["model"], digits["calib"], tmp_path / "x.pt2", device="gpu")
     with pytest.raises(InputSpecError, match="fewer than one batch"):
         finetune(digits["model"], digits["calib"], tmp_path / "x.pt2", batch_size=500)
     foreign = tmp_path / "mine.pt2"

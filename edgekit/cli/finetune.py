@@ -14,7 +14,7 @@ from edgekit.cli.common import ShapeOpt, app, console, err
 
 @app.command()
 def finetune(
-    model: Annotated[str, typer.Argument(help="float model: .pt2, pkg.module:factory, or a pickled module (--trust-pickle)")],
+    model: Annotated[str, typer.Argument(help="float model: .pt2, .onnx, pkg.module:factory, or a pickled module (--trust-pickle)")],
     data: Annotated[str, typer.Option("--data", "-d", help="unlabeled inputs: a .npz (e.g. the --calib file) or a folder of .npy files")],
     out: Annotated[Path, typer.Option("--output", "-o", help="the fine-tuned model, *.pt2 (convert takes it)")],
     target: Annotated[str, typer.Option("--target", "-t", help="whose INT8 the student imitates: jetson | android")] = "jetson",
@@ -70,5 +70,6 @@ def finetune(
                   f"{', AMP ' + res.amp if res.amp else ''}: {res.seconds:.1f} s ({res.seconds_per_epoch:.2f} s/epoch)")
     if res.checkpoints:
         console.print(f"checkpoints: {res.checkpoints[-1].parent}/ (last {res.checkpoints[-1].name})")
+    calib = data if data.endswith(".npz") else "CALIB.npz"
     console.print(f"[bold green]fine-tuned[/] → {res.out}   next: edgekit convert {res.out} --target {target} "
-                  f"--precision int8 --calib {res.record['recipe']['data']}")
+                  f"--precision int8 --calib {calib}")
