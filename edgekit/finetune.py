@@ -201,9 +201,11 @@ def _fold_batch_norms(gm) -> int:
     return folded
 
 
+# ops that move or pick values without making new ones: the targets carry their input's quantization through
 _SHAPE_OPS = ("flatten", "view", "reshape", "_unsafe_view", "permute", "transpose", "squeeze", "unsqueeze",
               "contiguous", "clone", "dropout", "expand", "t", "getitem", "max_pool2d", "cat", "pad", "detach",
               "alias", "slice", "select", "split", "chunk", "unbind", "identity")
+# what the targets fuse into the op before it: that op's output is not quantized on its own
 _FUSED_NEXT = ("relu", "relu_", "relu6", "hardtanh", "hardtanh_", "batch_norm")
 
 
