@@ -216,7 +216,7 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
     import traceback
 
     from edgekit import results
-    from edgekit.errors import EdgekitError, VerificationError
+    from edgekit.errors import EdgekitError
     from edgekit.pipeline import convert
     from edgekit.quiet import capture_fd2, quiet_python
 
@@ -242,8 +242,6 @@ def run_cell(cell: dict[str, Any]) -> dict[str, Any]:
             out["cache_hit"] = bool(res.cache and res.cache.get("hit"))
             for w in res.warnings:
                 out.setdefault("warnings", []).append(_one_line(w))
-        except VerificationError as exc:  # pragma: no cover - fail_on_verification=False: not raised
-            out = {"status": "failed", "reason": _one_line(exc)}
         except EdgekitError as exc:
             out = {"status": "refused", "error": type(exc).__name__, "reason": _one_line(exc)}
         except Exception as exc:  # noqa: BLE001 - a bug in one cell must not stop the others: kept in its log
@@ -296,6 +294,9 @@ def _worker_main(argv: list[str]) -> int:
 # ---------------------------------------------------------------- running cells: process pool or Ray
 
 
+_running: set[subprocess.Popen] = set()  # this process's cell processes, ended when the driver stops
+
+
 def execute(cell: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
     """Run one cell in a child process (its own interpreter: a crash, a hang or a leak stays in the cell) and
     return its result. Both the local pool and a Ray task call this."""
@@ -314,6 +315,7 @@ def execute(cell: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
         with open(Path(tmp) / "out.txt", "w+") as sink:  # what the child prints outside run_cell's capture
             proc = subprocess.Popen([sys.executable, "-m", "edgekit.matrix", str(spec), str(res)],
                                     stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT, env=env)
+            _running.add(proc)
             try:
                 code = proc.wait(timeout=cell["timeout_s"])
             except subprocess.TimeoutExpired:
@@ -329,6 +331,8 @@ def execute(cell: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
                 proc.terminate()
                 proc.wait()
                 raise
+            finally:
+                _running.discard(proc)
             sink.seek(0)
             stray = sink.read()
         if stray.strip():
@@ -359,9 +363,16 @@ def run_pool(cells: list[dict[str, Any]], jobs: int, on_start: Callable[[dict], 
         on_start(cell)
         on_done(cell, execute(cell, threads))
 
-    with ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="matrix-cell") as pool:
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="matrix-cell")
+    try:
         for f in [pool.submit(one, c) for c in cells]:
             f.result()
+    except BaseException:  # Ctrl-C / SIGTERM: no new cell starts, the running ones are stopped (they unwind)
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in list(_running):
+            proc.terminate()
+        raise
+    pool.shutdown()
 
 
 def run_ray(cells: list[dict[str, Any]], address: str, on_start: Callable[[dict], None], on_done: OnDone) -> None:

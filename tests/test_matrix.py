@@ -148,6 +148,42 @@ def test_refusals_errors_and_crashes_stay_in_their_cell(tmp_path):
     assert by["broken"]["status"] == "refused" and "broken.pt2: not a torch archive" in by["broken"]["reason"]
 
 
+def test_stopping_the_run_stops_its_cells_and_starts_no_more(tmp_path):
+    """SIGTERM to `edgekit matrix` (as Ctrl-C or a job scheduler sends): the running cell's process is ended, no
+    queued cell starts, the driver exits 143."""
+    import signal
+    import time
+
+    (tmp_path / "nets.py").write_text(
+        "import os, time\n"
+        f"def slow():\n    open({str(tmp_path / 'pid')!r}, 'w').write(str(os.getpid()))\n    time.sleep(120)\n")
+    spec = tmp_path / "m.toml"
+    spec.write_text('precisions = ["fp32"]\nboards = ["host"]\ntarget = "jetson"\n' + "".join(
+        f'[[models]]\nname = "m{i}"\npath = "nets:slow"\ninput_shape = ["1,64"]\n' for i in range(3)))
+    proc = subprocess.Popen([sys.executable, "-m", "edgekit", "matrix", str(spec), "-o", str(tmp_path / "out"),
+                             "-j", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "pid").is_file() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    time.sleep(0.5)
+    child = int((tmp_path / "pid").read_text())
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    for _ in range(50):  # the cell's process is gone (or a zombie about to be reaped)
+        try:
+            gone = Path(f"/proc/{child}/status").read_text().split("State:")[1].split()[0] == "Z"
+        except (FileNotFoundError, IndexError):
+            gone = True
+        if gone:
+            break
+        time.sleep(0.2)
+    assert gone, f"cell process {child} still running"
+    assert sorted(p.name for p in (tmp_path / "out" / "logs").iterdir()) == ["m0-host-fp32.log"]
+    assert not (tmp_path / "out" / "matrix.json").exists()
+
+
 @pytest.mark.parametrize("text, msg", [
     ('precisions = ["fp32"]\nboards = ["host"]\n[[models]]\nname = "a"\npath = "a.pt2"\ncalibb = "x"\n',
      "models.0.calibb: not a matrix spec field"),
@@ -191,11 +227,16 @@ def test_cli_refuses_a_bad_spec_in_one_line_before_any_cell(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def ray_cluster(tmp_path_factory):
+    """A local Ray cluster of two CPUs for this module. HOME is pytest's: Ray 2.60 writes the cluster's
+    authentication token to ~/.ray/auth_token (and the driver the test starts reads it there)."""
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'edgekit[ray]')")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("HOME", str(tmp_path_factory.mktemp("ray-home")))
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+    mp.undo()
 
 
 def test_ray_gives_the_same_table_as_the_pool(pool_run, ray_cluster, tmp_path):
