@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,6 +93,8 @@ def smoke(bundle: str | Path | Unpacked, transport: Transport, dest: str | None 
     if hashlib.sha256(transport.get(remote_man)).hexdigest() != local_manifest_sha:
         raise SmokeError(f"{dest} on {transport.describe()} holds another bundle (its manifest.json differs); "
                          "run `edgekit flash` with this bundle first")
+    if python is None and transport.name == "local" and man.board.id == HOST_BOARD:
+        python = sys.executable  # this machine is the board: the Python edgekit runs in has the host runtime
     argv = [python or man.runner.python or "python3", posixpath.join(dest, man.runner.entry)]
     runtime = runtime or default_runtime(man)
     if runtime:
