@@ -466,7 +466,7 @@ def run(spec_path: str | Path, out: str | Path, jobs: int | None = None, ray: st
         for c in matrix["cells"]:
             verdict = {"pass": True, "failed": False, "error": False}.get(c["status"])  # refused / skipped: none
             results.record("matrix", board_id=c["board_id"], precision=c["precision"], passed=verdict, bundle=c["id"],
-                           matrix=matrix["spec"], **{k: v for k, v in c.items() if k not in ("board_id", "precision")})
+                           matrix=matrix["spec"], **{k: v for k, v in c.items() if k not in ("id", "board_id", "precision")})
     except Exception as exc:  # noqa: BLE001 - a locked or full store must not lose the finished matrix (written above)
         matrix["warnings"] = [f"results store not updated: {_one_line(exc)}"]
     return matrix

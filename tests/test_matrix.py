@@ -96,7 +96,10 @@ def test_pool_runs_every_cell_and_reports_each_outcome(pool_run):
         assert cid in res.output
     # one matrix event per cell in the results store, next to the convert events the workers recorded
     ev = results.events("matrix")
-    assert {e["bundle"] for e in ev} >= set(by)
+    assert {e["bundle"] for e in ev} >= set(by) and all(isinstance(e["id"], int) for e in ev)
+    assert {e["bundle"]: e["passed"] for e in ev if e["bundle"] in by} == {
+        "cnn-host-fp32": True, "cnn-orin-fp32": True, "mlp-host-fp32": True, "mlp-orin-fp32": False,
+        "cnn-iphone-15-pro-fp32": None, "mlp-iphone-15-pro-fp32": None}
     assert any(e["kind"] == "convert" and e["out"] == cnn["out"] for e in results.events("convert"))
 
 
