@@ -107,15 +107,16 @@ class CoreMLConverter:
         t0 = time.perf_counter()
         with job.substep("MIL conversion"):
             mlmodel, source_route = self._convert_torch(job, ct, ios)
-        kept_fp32: dict[str, float] = {}
-        if job.precision != "fp32" and fp16_overflow(job, mlmodel):
-            # some values exceed fp16's range: convert at fp32 (stable op names), measure each op there, and run
-            # coremltools' fp16 pass on that program with the ops that take or make such values left in fp32
+        kept_fp32: dict[str, str] = {}
+        if job.precision != "fp32" and not fp16_fits(job, mlmodel):
+            # some values exceed fp16's range, or fp16 storage moves the outputs too far: convert at fp32 (stable op
+            # names), choose by measurement the fewest ops to leave in fp32, and run coremltools' fp16 pass on that
+            # program with those ops left in fp32
             m32, source_route = self._convert_torch(job, ct, ios, force_fp32=True)
-            kept_fp32 = fp16_overflow(job, m32)
+            kept_fp32 = fp16_keep(job, m32)
             keep = frozenset(kept_fp32)
-            job.log(f"fp16: {len(kept_fp32)} op(s) exceed fp16's range on the calibration inputs "
-                    f"({', '.join(f'{k} |x| {v:.3g}' for k, v in list(kept_fp32.items())[:4])}): kept fp32")
+            job.log(f"fp16: {len(kept_fp32)} op(s) kept fp32: "
+                    + "; ".join(f"{k}: {v}" for k, v in list(kept_fp32.items())[:4]))
             mlmodel = ct.convert(m32._mil_program, convert_to="mlprogram", minimum_deployment_target=getattr(
                 ct.target, f"iOS{ios}"), compute_precision=ct.transform.FP16ComputePrecision(
                 op_selector=lambda op: op.name not in keep))
@@ -151,9 +152,8 @@ class CoreMLConverter:
             + f"; conversion {t_convert:.2f} s, compression {t_compress:.2f} s"
         )
         if kept_fp32:
-            notes.append(f"{len(kept_fp32)} op(s) computed in fp32 inside the fp16 program: on the calibration inputs "
-                         f"their values reach {max(kept_fp32.values()):.3g}, beyond fp16's 65504 "
-                         f"({', '.join(list(kept_fp32)[:8])})")
+            notes.append(f"{len(kept_fp32)} op(s) computed in fp32 inside the fp16 program, chosen by measurement on "
+                         "the calibration inputs: " + "; ".join(f"{k}: {v}" for k, v in list(kept_fp32.items())[:6]))
         if sys.platform != "darwin":
             notes.append(
                 "Numbers in the verification come from the package's decompressed MIL program run in torch (fp32 "
@@ -177,7 +177,7 @@ class CoreMLConverter:
                 "conversion_s": round(t_convert, 3),
                 "compression_s": round(t_compress, 3),
                 "linux_checks": checks,
-                "fp32_ops": kept_fp32,  # fp16 programs: ops kept fp32 (their values exceed fp16's range)
+                "fp32_ops": kept_fp32,  # fp16 programs: ops kept fp32, each with the measurement that chose it
                 "io_names": {k: v for k, v in coreml_names(
                     [s.name for s in job.model.inputs + job.model.outputs]).items() if k != v},
             },
@@ -392,31 +392,156 @@ def _source_location(node: Any) -> str:
 FP16_LIMIT = 60000.0  # fp16's largest finite value is 65504; a margin for the arithmetic of the ops around
 
 
-def fp16_overflow(job: ConvertJob, mlmodel) -> dict[str, float]:
-    """MIL ops of a program whose values exceed fp16's range on real inputs (up to 8 calibration batches, else one
-    batch of standard-normal inputs): the program is run in fp32 (edgekit's MIL interpreter, no fp16 rounding)
-    and each op's largest |value| in or out recorded. Returns {op name: max |value|} of those beyond FP16_LIMIT.
-    One interpreter pass per fp16 build; where it finds some, a second one on the fp32 program names the ops."""
+FP16_MARGIN = 0.5  # the host's fp16 simulation (storage rounding) may use half the fp16 tolerance: Core ML's own
+# fp16 arithmetic (accumulation, ANE) adds error the host cannot measure
+MAX_FP32_OPS = 64  # more than this many ops in fp32 is not an fp16 program any more: left to verification
+
+
+def _feeds(job: ConvertJob, n: int) -> list[dict[str, np.ndarray]]:
+    """Up to ``n`` calibration batches (else one batch of standard-normal inputs), keyed by Core ML names."""
+    rn = coreml_names([s.name for s in job.model.inputs + job.model.outputs])
+    if job.calib is not None:
+        feeds = [f for _, f in zip(range(n), job.calib.batches(job.model), strict=False)]
+    else:
+        rng = np.random.default_rng(0)
+        feeds = [{s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in job.model.inputs}]
+    return [{rn[k]: v for k, v in f.items()} for f in feeds]
+
+
+def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> dict[int, str]:
+    """Failures of the fp16 outputs ``got`` against ``ref`` (per feed, per output), {output index: reason}, judged
+    as verification judges them (each output's kind) with the fp16 tolerance times FP16_MARGIN (min SNR 6 dB
+    higher)."""
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    tol = job.target.tolerances.get("fp16") or job.target.tolerances[job.precision]
+    tight = tol.model_dump()
+    tight["max_rel_error"] *= FP16_MARGIN
+    if tight.get("min_snr_db") is not None:
+        tight["min_snr_db"] += 6
+    kinds = job.options.get("output_kinds") or {}
+    failures = {}
+    for i, spec in enumerate(job.model.outputs):
+        r = np.concatenate([f[i] for f in ref])
+        g = np.concatenate([f[i] for f in got])
+        kind = kinds.get(spec.name) or smoke.infer_kind(r, len(job.model.outputs))
+        bad = smoke.check_output(spec.name, kind, r, g, tight, "fp16 (host simulation)")["failures"]
+        if bad:
+            failures[i] = bad[0]
+    return failures
+
+
+def fp16_fits(job: ConvertJob, mlmodel) -> bool:
+    """Whether an fp16 program is fine as it is, on up to 4 calibration batches: no value beyond fp16's range
+    (FP16_LIMIT, on up to 8) and outputs within FP16_MARGIN of the fp16 tolerance of the same program run without
+    fp16 rounding. A program the host interpreter cannot run is taken as it is (verification says so)."""
     from edgekit.converters.coreml_mil import MILInterpreter
 
     prog = getattr(mlmodel, "_mil_program", None)
     if prog is None:
-        return {}
+        return True
     try:
         interp = MILInterpreter(prog)
     except Exception:  # noqa: BLE001 - an op the host interpreter lacks: nothing to measure here
-        return {}
-    rn = coreml_names([s.name for s in job.model.inputs + job.model.outputs])
-    if job.calib is not None:
-        feeds = [f for _, f in zip(range(8), job.calib.batches(job.model), strict=False)]
-    else:
-        rng = np.random.default_rng(0)
-        feeds = [{s.name: rng.standard_normal(s.shape).astype(np.float32) for s in job.model.inputs}]
+        return True
+    feeds = _feeds(job, 8)
     peaks: dict[str, float] = {}
-    for f in feeds:
-        for name, v in interp.peaks({rn[k]: v for k, v in f.items()}).items():
-            peaks[name] = max(peaks.get(name, 0.0), v)
-    return {k: v for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]) if v > FP16_LIMIT}
+    ref = [interp._run(f, True, peaks, None) for f in feeds]
+    if any(v > FP16_LIMIT for v in peaks.values()):
+        return False
+    ref = [[o.numpy() for o in r] for r in ref[:4]]
+    return not _judge(job, ref, [interp(f) for f in feeds[:4]])
+
+
+def _distances(fn, outputs: list[str]) -> dict[str, int]:
+    """Each op's distance in ops from the named outputs of a MIL function (0: the op that makes one)."""
+    producer = {v.name: op for op in fn.operations for v in op.outputs}
+    dist: dict[str, int] = {}
+    frontier = [producer[n] for n in outputs if n in producer]
+    d = 0
+    while frontier:
+        nxt = []
+        for op in frontier:
+            if op.name in dist or op.op_type == "const":
+                continue
+            dist[op.name] = d
+            for v in op.inputs.values():
+                for var in (v if isinstance(v, (list, tuple)) else [v]):
+                    if getattr(var, "name", None) in producer:
+                        nxt.append(producer[var.name])
+        frontier, d = nxt, d + 1
+    return dist
+
+
+def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
+    """The ops of an fp32 program to keep fp32 in its fp16 version, each with the reason, measured on up to 8
+    calibration batches (edgekit's MIL interpreter on the fp32 program):
+
+    1. ops whose values in or out exceed fp16's range (FP16_LIMIT): kept, all of them;
+    2. then, where the simulated fp16 program (those ops fp32, every other op's inputs, weights and outputs
+       rounded to fp16) fails the fp16 tolerance times FP16_MARGIN on some outputs: the ops nearest those
+       outputs (a softmax over a large vocabulary and the logits before it, the log of a spectrogram, an LSTM's
+       state), the fewest levels that pass (doubling, then bisection; at most MAX_FP32_OPS ops), then each of
+       them tried back in fp16 (farthest first) and left there where the outputs stay within tolerance.
+       None pass: only (1); verification reports the error."""
+    from edgekit.converters.coreml_mil import MILInterpreter
+
+    t0 = time.perf_counter()
+    interp = MILInterpreter(m32._mil_program)
+    feeds = _feeds(job, 8)
+    peaks: dict[str, float] = {}
+    ref = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
+    keep = {k: f"values reach {v:.3g}, beyond fp16's 65504"
+            for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]) if v > FP16_LIMIT}
+    float_ops = {op.name for op in interp.fn.operations if op.op_type != "const"}
+    passes = [0]
+
+    def fails(names, n: int = 2) -> dict[int, str]:  # the search runs on 2 batches, its result is checked on 4
+        passes[0] += len(feeds[:n])
+        half = float_ops - set(keep) - set(names)
+        return _judge(job, ref[:n], [interp(f, half=half) for f in feeds[:n]])
+
+    first = fails((), 4)
+    if not first:
+        return keep
+    dist = _distances(interp.fn, [interp.output_names[i] for i in first])
+    levels = sorted(set(dist.values()))
+
+    def within(d):
+        return [k for k, v in sorted(dist.items(), key=lambda kv: kv[1]) if v <= d and k not in keep]
+
+    lo, hi, d = -1, None, 0
+    while hi is None and lo < levels[-1] and len(within(lo + 1)) <= MAX_FP32_OPS:
+        d = min(d, levels[-1])
+        if len(within(d)) > MAX_FP32_OPS or fails(within(d)):
+            lo, d = d, 2 * d + 1
+        else:
+            hi = d
+    if hi is None:
+        job.warn(f"fp16: keeping the {MAX_FP32_OPS} ops nearest the outputs in fp32 does not bring the simulated "
+                 f"fp16 program within tolerance ({next(iter(first.values()))}); only ops beyond fp16's range are "
+                 "kept fp32")
+        return keep
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if fails(within(mid)):
+            lo = mid
+        else:
+            hi = mid
+    chosen = within(hi)
+    for name in sorted(chosen, key=lambda k: -dist[k])[:-1] if len(chosen) <= 12 else []:
+        rest = [k for k in chosen if k != name]
+        if not fails(rest):
+            chosen = rest
+    if fails(chosen, 4):  # confirmed on more inputs; else the search's margin was too thin
+        chosen = within(hi)
+    kinds = {op.name: op.op_type for op in interp.fn.operations}
+    for name in chosen:
+        keep[name] = f"{kinds[name]} {dist[name]} op(s) from an output that fp16 moves too far"
+    job.log(f"fp16 everywhere (host simulation): {next(iter(first.values()))}; {len(chosen)} op(s) kept fp32 bring "
+            f"it within tolerance ({passes[0]} interpreter passes, {time.perf_counter() - t0:.1f} s)")
+    return keep
 
 
 _MIL_RESERVED = {"any", "bool", "program", "func", "tensor", "list", "dict", "tuple", "true", "false", "string",

@@ -192,8 +192,17 @@ class MILInterpreter:
         self(feeds, fp32=True, peaks=out)
         return out
 
-    def __call__(self, feeds: dict[str, np.ndarray], fp32: bool = False,
-                 peaks: dict[str, float] | None = None) -> list[np.ndarray]:
+    def __call__(self, feeds: dict[str, np.ndarray], fp32: bool = False, peaks: dict[str, float] | None = None,
+                 half: Any = None) -> list[np.ndarray]:
+        """The program's outputs. ``fp32``: no fp16 rounding at all. ``half`` (a set of op names, on an fp32
+        program): simulate the fp16 program coremltools' FP16ComputePrecision would make with only those ops in
+        fp16 (their float inputs, weights included, and outputs rounded to fp16; the other ops stay fp32)."""
+        with self.torch.no_grad():
+            outs = self._run(feeds, fp32, peaks, half)
+        return [o.detach().numpy().astype(np.float32) for o in outs]
+
+    def _run(self, feeds: dict[str, np.ndarray], fp32: bool, peaks: dict[str, float] | None, half: Any
+             ) -> list[Any]:
         torch = self.torch
         env: dict[str, Any] = {}
         for name in self.input_names:
@@ -217,28 +226,38 @@ class MILInterpreter:
                 return v.item()
             return v
 
-        with torch.no_grad():
-            for op in self.fn.operations:
-                if op.op_type == "const":
-                    continue
-                args = {k: val(v) for k, v in op.inputs.items()}
-                if peaks is not None:  # an op that takes a value beyond fp16 must run in fp32 too (log of a power)
-                    for v in args.values():
-                        if isinstance(v, torch.Tensor) and v.dtype.is_floating_point and v.numel():
-                            finite = v[torch.isfinite(v)]
-                            if finite.numel():
-                                peaks[op.name] = max(peaks.get(op.name, 0.0), float(finite.abs().max()))
-                outs = _KERNELS[op.op_type](torch, args)
-                outs = outs if isinstance(outs, tuple) else (outs,)
-                for var, o in zip(op.outputs, outs, strict=True):
-                    if peaks is not None and hasattr(o, "dtype") and o.dtype.is_floating_point and o.numel():
-                        finite = o[torch.isfinite(o)]
-                        if finite.numel():
-                            peaks[op.name] = max(peaks.get(op.name, 0.0), float(finite.abs().max()))
-                    if not fp32 and hasattr(o, "dtype") and o.dtype.is_floating_point and _is_fp16(var):
-                        o = o.half().float()  # the program stores this tensor as fp16
+        def is_float(t: Any) -> bool:
+            return isinstance(t, torch.Tensor) and t.dtype.is_floating_point
+
+        for op in self.fn.operations:
+            if op.op_type == "const":
+                continue
+            args = {k: val(v) for k, v in op.inputs.items()}
+            if peaks is not None:  # an op that takes a value beyond fp16 must run in fp32 too (log of a power)
+                for v in args.values():
+                    if is_float(v) and v.numel():
+                        peaks[op.name] = max(peaks.get(op.name, 0.0), _finite_peak(torch, v))
+            if half is not None and op.name in half:
+                args = {k: v.half().float() if is_float(v) else v for k, v in args.items()}
+            outs = _KERNELS[op.op_type](torch, args)
+            outs = outs if isinstance(outs, tuple) else (outs,)
+            for var, o in zip(op.outputs, outs, strict=True):
+                if not is_float(o):
                     env[var.name] = o
-        return [env[n].detach().numpy().astype(np.float32) for n in self.output_names]
+                    continue
+                if peaks is not None and o.numel():
+                    peaks[op.name] = max(peaks.get(op.name, 0.0), _finite_peak(torch, o))
+                if half is not None and op.name in half:
+                    o = o.half().float()
+                elif not fp32 and half is None and _is_fp16(var):
+                    o = o.half().float()  # the program stores this tensor as fp16
+                env[var.name] = o
+        return [env[n] for n in self.output_names]
+
+
+def _finite_peak(torch, t: Any) -> float:
+    """Largest finite |value| of a tensor (0 where none is finite)."""
+    return float(torch.nan_to_num(t.abs(), nan=0.0, posinf=0.0).max())
 
 
 def _is_fp16(var: Any) -> bool:

@@ -116,6 +116,18 @@ def analyze_model(model: Any, work_dir: Path, target: Any = None, opset: int | N
     return analyze_onnx(path, target.supported_ops if target is not None else None, name), path
 
 
+def _subgraphs(node: Any, onnx: Any) -> list[Any]:
+    """The graphs inside a node (If branches, Loop / Scan bodies), nested ones included."""
+    out = []
+    for a in node.attribute:
+        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs) \
+            if a.type == onnx.AttributeProto.GRAPHS else []
+        for sg in graphs:
+            out.append(sg)
+            out += [x for m in sg.node for x in _subgraphs(m, onnx)]
+    return out
+
+
 def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str | None = None) -> ModelStats:
     onnx = require("onnx")
     from onnx import numpy_helper, shape_inference
@@ -124,9 +136,14 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
     proto = shape_inference.infer_shapes(proto, data_prop=True)
     g = proto.graph
     inits = {i.name: i for i in g.initializer}
-    # Constant nodes also carry weights in exported graphs
+    # Constant nodes also carry weights in exported graphs; If branches and Loop/Scan bodies hold nodes,
+    # initializers and Constants of their own, and use the outer graph's weights: each top-level node counts
+    # what its subgraphs hold and use (silero's whole network sits in the branches of one If)
+    subgraphs = [sg for n in g.node for sg in _subgraphs(n, onnx)]
+    for sg in subgraphs:
+        inits.update({i.name: i for i in sg.initializer})
     const_vals: dict[str, Any] = {}
-    for n in g.node:
+    for n in list(g.node) + [m for sg in subgraphs for m in sg.node]:
         if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
             const_vals[n.output[0]] = n.attribute[0].t
 
@@ -157,9 +174,11 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
     for idx, n in enumerate(g.node):
         if n.op_type == "Constant":
             continue
-        ops[n.op_type] = ops.get(n.op_type, 0) + 1
+        inner = [m for sg in _subgraphs(n, onnx) for m in sg.node if m.op_type != "Constant"]
+        for m in [n] + inner:
+            ops[m.op_type] = ops.get(m.op_type, 0) + 1
         p = 0
-        for j, inp in enumerate(n.input):
+        for m, j, inp in [(m, j, inp) for m in [n] + inner for j, inp in enumerate(m.input)]:
             if inp in weight_names and inp not in counted:
                 counted.add(inp)
                 t = inits.get(inp) or const_vals[inp]
@@ -169,7 +188,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
                 if k <= 1:
                     continue
                 p += k
-                if n.op_type in ONNX_WEIGHT_OPS and j == 1:
+                if m.op_type in ONNX_WEIGHT_OPS and j == 1:
                     weight_params += k
                 else:
                     other_params += k
@@ -195,7 +214,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
     unsupported = []
     if supported_ops is not None:
         allowed = set(supported_ops)
-        for n in g.node:
+        for n in list(g.node) + [m for sg in subgraphs for m in sg.node if m.op_type != "Constant"]:
             key = n.op_type if not n.domain or n.domain == "ai.onnx" else f"{n.domain}::{n.op_type}"
             if key not in allowed:
                 unsupported.append({"op": key, "node": n.name or "(unnamed)"})

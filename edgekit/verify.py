@@ -181,17 +181,20 @@ def verify(
         n = sum(len(next(iter(f.values()))) for f in efeeds)
         fref, fgot = run_all(reference, efeeds), run_all(artifact, efeeds)
         v.eval_samples = n
+        positions = {}
         for i, name in enumerate(names):
             c = smoke.check_output(name, kinds[name], fref[i], fgot[i], tol_d, precision)
+            positions[name] = c.get("positions", n)  # a per-position class output ([N, T, C]) has N x T decisions
             v.eval_agreement[name] = {k: float(c[k]) for k in ("top1_agreement", "snr_db", "cosine", "iou",
                                                                 "exact_match", "max_rel_error")
                                       if c.get(k) is not None and np.isfinite(c[k])}
         if eval_data.labels is None:  # no labels: agreement with the float model on every eval sample
             for i, name in enumerate(names):
                 if kinds[name] == "class":
-                    share = top1_accuracy(fgot[i], np.argmax(fref[i].reshape(n, -1), axis=1))
-                    v.notes.append(f"output {name!r}: top-1 agrees with float on {share:.1%} of {n} eval samples "
-                                   f"(95% CI {wilson(share, n)[0]:.1%}–{wilson(share, n)[1]:.1%}; no labels)")
+                    share, m = v.eval_agreement[name]["top1_agreement"], positions[name]
+                    what = "eval samples" if m == n else f"positions of {n} eval samples"
+                    v.notes.append(f"output {name!r}: top-1 agrees with float on {share:.1%} of {m} {what} "
+                                   f"(95% CI {wilson(share, m)[0]:.1%}–{wilson(share, m)[1]:.1%}; no labels)")
             return v, golden_inputs, ref
         k = eval_output if eval_output is not None else pick_eval_output(model, kinds, None)
         labels = eval_data.labels[:n]

@@ -34,6 +34,37 @@ def test_fp16_overflow_ops_stay_fp32(tmp_path):
     res = convert(p, target="ios", precision="fp16", calib=str(tmp_path / "audio.npz"), golden_count=16,
                   out=tmp_path / "o", output_kinds={"output": "regression"}, fail_on_verification=False)
     kept = res.manifest["artifact"]["fp32_ops"]
-    assert kept and max(kept.values()) > 65504, kept
+    assert kept and any("beyond fp16's 65504" in why for why in kept.values()), kept
     assert res.verification.passed, res.verification.failures
     assert any("computed in fp32 inside the fp16 program" in n for n in res.notes)
+
+
+def test_fp16_sensitive_ops_stay_fp32_only_those(tmp_path):
+    """A softmax over a large vocabulary (a CTC recogniser's 6,625 characters) after large logits: rounded to fp16,
+    the logits move the top probability by ~3%, beyond the 1% tolerance. edgekit measures the simulated fp16 program,
+    keeps the few ops nearest that output in fp32 (never a wider tolerance), and the build verifies."""
+    import torch
+
+    from edgekit.pipeline import convert
+
+    class Head(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.body = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU())
+            self.vocab = torch.nn.Linear(64, 6000)
+            torch.nn.init.normal_(self.vocab.weight, std=0.6)
+            torch.nn.init.constant_(self.vocab.bias, 100.0)  # logits near 100: fp16 steps of 0.06 there
+
+        def forward(self, x):
+            return torch.softmax(self.vocab(self.body(x)), dim=-1)
+
+    p = tmp_path / "head.pt2"
+    torch.export.save(torch.export.export(Head().eval(), (torch.zeros(1, 32),)), str(p))
+    np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).standard_normal((48, 32)).astype(np.float32))
+    res = convert(p, target="ios", precision="fp16", calib=str(tmp_path / "x.npz"), golden_count=16,
+                  out=tmp_path / "o", fail_on_verification=False)
+    kept = res.manifest["artifact"]["fp32_ops"]
+    assert res.verification.passed, res.verification.failures
+    assert 1 <= len(kept) <= 3 and any("softmax" in why for why in kept.values()), kept
+    assert res.manifest["artifact"]["linux_checks"]["op_counts"].get("cast", 0) >= 1  # fp16 elsewhere, casts between

@@ -70,7 +70,8 @@ def _probabilities(ref):
 def infer_kind(ref, n_outputs):
     """An output's kind from its float values: integers are ``index``; [N, C>1] is ``class`` when it is the
     model's only output or holds probabilities (a softmax at the end), else ``regression`` (box, landmarks);
-    [N, 1, H, W] in [0, 1] is a ``mask``; everything else ``regression``. ``--output-kind`` overrides."""
+    [N, 1, H, W] in [0, 1] is a ``mask``; [N, ..., C] with probabilities over its last axis is a ``class`` per
+    position; everything else ``regression``. ``--output-kind`` overrides."""
     ref = np.asarray(ref)
     if ref.dtype.kind in "iub":
         return "index"
@@ -78,7 +79,15 @@ def infer_kind(ref, n_outputs):
         return "class" if n_outputs == 1 or _probabilities(ref) else "regression"
     if ref.ndim == 4 and ref.shape[1] == 1 and ref.size and ref.min() >= 0 and ref.max() <= 1:
         return "mask"
+    if _per_position(ref):
+        return "class"
     return "regression"
+
+
+def _per_position(ref):
+    """[N, ..., C>1] whose last axis holds probabilities: one class decision per position (a CTC recogniser's
+    [N, T, classes] softmax, a per-token classifier), judged per position, not as one flattened arg-max."""
+    return ref.ndim >= 3 and ref.shape[-1] > 1 and ref.size > 0 and bool(_probabilities(ref.reshape(-1, ref.shape[-1])))
 
 
 def check_output(name, kind, ref, got, tol, label=""):
@@ -121,17 +130,21 @@ def check_output(name, kind, ref, got, tol, label=""):
             name, err, 100 * rel, scale, 100 * tol["max_rel_error"],
             (", floor %.3g" % floor) if floor else "", at))
     if kind == "class" and ref64.ndim >= 2 and not bad:
-        r2, g2 = ref64.reshape(n, -1), got64.reshape(n, -1)
+        per_pos = _per_position(ref64)  # [N, T, C]: a decision per position
+        r2 = ref64.reshape(-1, ref64.shape[-1]) if per_pos else ref64.reshape(n, -1)
+        g2 = got64.reshape(r2.shape)
         top_ref = np.argmax(r2, axis=1)
         agree = float(np.mean(np.argmax(g2, axis=1) == top_ref))
+        out["positions"] = len(r2)
         out["top1_agreement"] = agree
         out["min_top1_agreement"] = tol["min_top1_agreement"]
         if r2.shape[1] >= 5:
             top5 = np.argsort(-g2, axis=1)[:, :5]
             out["top5_agreement"] = float(np.mean([t in row for t, row in zip(top_ref, top5)]))
         if not agree >= tol["min_top1_agreement"]:
-            failures.append("output %r: top-1 agrees with float on %.1f%% of %d golden samples (needs %.0f%%%s)" % (
-                name, 100 * agree, n, 100 * tol["min_top1_agreement"], at))
+            failures.append("output %r: top-1 agrees with float on %.1f%% of %d golden %s (needs %.0f%%%s)" % (
+                name, 100 * agree, len(r2), "positions" if per_pos else "samples", 100 * tol["min_top1_agreement"],
+                at))
     elif kind == "regression" and not bad:
         noise = float(np.sum((got64 - ref64) ** 2))
         signal = float(np.sum(ref64 ** 2))

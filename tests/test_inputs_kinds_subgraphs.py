@@ -1,0 +1,55 @@
+"""Inputs and outputs as real models have them: weights inside If branches are counted, a per-position
+softmax ([N, T, classes], a CTC recogniser) is a class decision per position."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def test_analysis_counts_weights_used_inside_if_branches(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from edgekit.analyze import analyze_onnx
+
+    rng = np.random.default_rng(0)
+    w_a = numpy_helper.from_array(rng.standard_normal((64, 600)).astype(np.float32), "w_a")  # outer weights, used
+    w_b = numpy_helper.from_array(rng.standard_normal((64, 600)).astype(np.float32), "w_b")  # only in the branches
+    inner = numpy_helper.from_array(rng.standard_normal((600,)).astype(np.float32), "inner_bias")
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "w_a"], ["t"]),
+                                helper.make_node("Add", ["t", "inner_bias"], ["y_then"])], "then", [],
+                               [helper.make_tensor_value_info("y_then", TensorProto.FLOAT, [1, 600])],
+                               initializer=[inner])
+    else_g = helper.make_graph([helper.make_node("MatMul", ["x", "w_b"], ["y_else"])], "else", [],
+                               [helper.make_tensor_value_info("y_else", TensorProto.FLOAT, [1, 600])])
+    graph = helper.make_graph(
+        [helper.make_node("If", ["flag"], ["y"], then_branch=then_g, else_branch=else_g)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64]),
+         helper.make_tensor_value_info("flag", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 600])], initializer=[w_a, w_b])
+    proto = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    proto.ir_version = 8
+    onnx.save(proto, tmp_path / "if.onnx")
+    stats = analyze_onnx(tmp_path / "if.onnx", supported_ops=["If", "MatMul"])
+    assert stats.weight_params == 2 * 64 * 600 and stats.other_params == 600, stats
+    assert stats.ops == {"If": 1, "MatMul": 2, "Add": 1}
+    assert [u["op"] for u in stats.unsupported] == ["Add"]  # an op inside a branch is checked too
+
+
+def test_per_position_softmax_is_a_class_per_position():
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((8, 40, 100)) * 4
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    assert smoke.infer_kind(probs, 1) == "class"
+    assert smoke.infer_kind(logits, 1) == "regression"  # not probabilities: no decision to read
+    tol = {"max_rel_error": 0.5, "min_top1_agreement": 0.99, "abs_floor": 0.0}
+    flipped = probs.copy()
+    t = 3  # one position of one sample takes its second choice: 1 of 320 decisions changes
+    order = np.argsort(-flipped[0, t])
+    flipped[0, t, order[0]], flipped[0, t, order[1]] = flipped[0, t, order[1]], flipped[0, t, order[0]]
+    c = smoke.check_output("probs", "class", probs, flipped, tol)
+    assert c["positions"] == 320 and c["top1_agreement"] == 319 / 320
+    assert c["passed"]  # 99.7% of the per-position decisions agree
