@@ -134,7 +134,9 @@ def toolchain_output(echo: bool = False) -> Iterator[ToolchainOutput]:
     file descriptors 1 and 2 are redirected into a pipe, so C/C++ logs (absl, oneDNN), Python warnings,
     logging, print, progress bars and child processes are all caught; with ``echo`` they are also shown
     live (``-v``). edgekit's own messages keep reaching the screen through :data:`terminal`. A block that
-    fails with a bug (not an EdgekitError, whose one line says it all) shows the last lines it caught. Nested blocks capture for themselves and echo into the outer one."""
+    fails with a bug (not an EdgekitError, whose one line says it all) shows the last lines it caught.
+    Nested blocks capture for themselves and echo into the outer one. The file descriptors are the
+    process's: two threads must not capture at once (parallel builds run in processes: `edgekit matrix`)."""
     global _terminal
     out = ToolchainOutput(echo)
     try:

@@ -366,7 +366,9 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
         "warnings": warnings,
         "notes": artifact.notes + verification.notes,
     }
-    manifest["files"] = {p.relative_to(out).as_posix(): {"bytes": p.stat().st_size} for p in out.rglob("*") if p.is_file()}
+    # the files so far (the report gives the artifact's size); hashed with the report and all below
+    manifest["files"] = {p.relative_to(out).as_posix(): {"bytes": p.stat().st_size}
+                         for p in out.rglob("*") if p.is_file()}
     (out / "report.md").write_text(render_report(manifest, stats))
     files = sorted(p for p in out.rglob("*") if p.is_file())
     manifest["files"] = {

@@ -263,7 +263,8 @@ def test_convert_precision_auto_uses_the_plan(digits, tmp_path):
     report = (res.out_dir / "report.md").read_text()
     mode = man["plan"]["power_mode"]
     assert f"Power mode **{mode}** ({b.power_modes[mode].power_w:g} W), chosen by the planner." in report
-    assert f"| RAM, whole process | {man['plan']['estimate']['ram_mb']:,.4g} MB | {man['budgets']['ram_mb']:,.6g} MB |" in report
+    est, budget = man["plan"]["estimate"]["ram_mb"], man["budgets"]["ram_mb"]
+    assert f"| RAM, whole process | {est:,.4g} MB | {budget:,.6g} MB |" in report
     assert f"| · runtime overhead | {b.runtime_overhead_mb:,.4g} MB |" in report
     # a user-chosen precision still carries the estimate (for recalibration from smoke results)
     res2 = convert(str(digits["model"]), target="jetson", out=tmp_path / "c", board="jetson-nano-4gb", precision="fp16")

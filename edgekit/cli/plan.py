@@ -69,13 +69,14 @@ def plan(
     budget = {k: fmt_budget(k, getattr(b, k)) for k in ("ram_mb", "storage_mb", "latency_ms", "power_w", "energy_mj")
               if getattr(b, k) is not None}
     console.print(f"[bold]{brd.id}[/] ({p.target}), budgets: RAM {budget['ram_mb']} for the whole process "
-                  f"(runtime overhead {fmt_budget('ram_mb', overhead)} + model {fmt_budget('ram_mb', b.ram_mb - overhead)}), "
+                  f"(runtime overhead {fmt_budget('ram_mb', overhead)} + model "
+                  f"{fmt_budget('ram_mb', b.ram_mb - overhead)}), "
                   f"storage {budget['storage_mb']}, latency {budget['latency_ms']}, power {budget['power_w']}"
                   + (f", energy {budget['energy_mj']}" if "energy_mj" in budget else "")
                   + f", accuracy drop {_num(b.accuracy_drop_points)} points"
                   + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""), highlight=False)
-    t = Table(title=f"candidates (estimates; RAM is the model's, each adds the runtime's {fmt_budget('ram_mb', overhead)})",
-              title_justify="left")
+    t = Table(title="candidates (estimates; RAM is the model's, each adds the runtime's "
+                    f"{fmt_budget('ram_mb', overhead)})", title_justify="left")
     for col, just in (("candidate", "left"), ("model RAM MB", "right"), ("storage MB", "right"),
                       ("latency ms", "right"), ("energy mJ", "right"), ("fits", "left")):
         t.add_column(col, justify=just)
@@ -84,8 +85,8 @@ def plan(
         e = s.estimate
         mark = " [bold green]◀ chosen[/]" if e.candidate == chosen else ""
         # a fitting candidate names the budget it comes closest to; one that does not, what it exceeds
-        fits = (f"[green]yes[/] ({BUDGET_NAMES[s.binding]} {s.usage[s.binding]:.0%})" if s.fits else "[red]no: " + ", ".join(
-            f"{BUDGET_NAMES[k]} +{fmt_budget(k, v)}" for k, v in s.over.items()) + "[/]")
+        fits = (f"[green]yes[/] ({BUDGET_NAMES[s.binding]} {s.usage[s.binding]:.0%})" if s.fits else
+                "[red]no: " + ", ".join(f"{BUDGET_NAMES[k]} +{fmt_budget(k, v)}" for k, v in s.over.items()) + "[/]")
         t.add_row(e.candidate.label, f"{e.ram_mb - e.runtime_overhead_mb:.4g}", f"{e.storage_mb:.4g}",
                   f"{e.latency_ms:.4g}", f"{e.energy_mj:.4g}", fits + mark)
     console.print(t)
