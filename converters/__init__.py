@@ -45,20 +45,23 @@ class _Options(BaseModel):
 
 class TensorRTOptions(_Options):
     keep_float_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept out of INT8")
-    calibration: Literal["minmax", "percentile"] = Field(
-        "minmax", description="INT8 activation ranges: minmax (the observed range) or percentile (clips the rare "
-        "outliers at the 99.999th percentile of |x|)")
+    calibration: Literal["auto", "minmax", "percentile", "percentile-99.99", "entropy"] = Field(
+        "auto", description="INT8 activation ranges: auto (each method is tried and the one whose model is closest "
+        "to float on calibration samples wins), minmax (the observed range), percentile (clips |x| at the 99.999th "
+        "percentile), percentile-99.99, or entropy (KL-optimal threshold, 2048 bins)")
 
-    @field_validator("keep_float_nodes", mode="before")
-    @classmethod
-    def _names(cls, v: Any) -> Any:
-        return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
+    _names = field_validator("keep_float_nodes", mode="before")(lambda cls, v: _split_names(v))
 
 
 class TFLiteOptions(_Options):
+    calibration: Literal["auto", "histogram", "minmax"] = Field(
+        "auto", description="int8 activation observer: auto (each is tried and the one whose model is closest to "
+        "float on calibration samples wins), histogram (HistogramObserver, L2-optimal range) or minmax")
+    keep_float_nodes: list[str] = Field(default_factory=list, description="torch.export node names kept float")
     io: Literal["int8", "float"] = Field("int8", description="int8 builds: int8 or float32 input/output tensors")
     layout: Literal["nchw", "nhwc"] | None = Field(None, description="torch models: NHWC input (to_channel_last_io)")
     threads: int = Field(2, ge=1, le=256, description="host interpreter threads for verification")
+    _names = field_validator("keep_float_nodes", mode="before")(lambda cls, v: _split_names(v))
 
 
 class CoreMLOptions(_Options):
@@ -67,6 +70,10 @@ class CoreMLOptions(_Options):
 
 class Hls4mlOptions(_Options):
     fpga_scales: Literal["po2", "float"] = Field("po2", description="power-of-two or float quantizer scales")
+
+
+def _split_names(v: Any) -> Any:
+    return [x.strip() for x in v.split(",") if x.strip()] if isinstance(v, str) else v
 
 
 _CHOICE_WORDS = {"int8", "float", "nchw", "nhwc", "po2", "true", "false", "yes", "no", "on", "off"}

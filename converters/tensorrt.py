@@ -4,8 +4,12 @@ fp32   exported ONNX, cleaned with onnxslim.
 fp16   weights stored as fp16 (onnxruntime's float16 converter), fp32 I/O kept; the
        engine is built with ``--fp16``.
 int8   onnxruntime.quantization ``quantize_static`` in QDQ format: symmetric INT8,
-       per-channel weights, activation ranges calibrated (MinMax) on the calibration
-       set. TensorRT reads the Q/DQ pairs directly (explicit quantization), so no
+       per-channel weights, activation ranges calibrated on the calibration set by the
+       method that measures best on this model (``calibration=auto``: min-max, percentile
+       99.999 / 99.99 and entropy with TensorRT's bin settings, each model's output SNR
+       against float on calibration samples), or the one given. Where the build fails
+       verification, mixed precision (edgekit.mixed) leaves the fewest sensitive nodes out of
+       Q/DQ. TensorRT reads the Q/DQ pairs directly (explicit quantization), so no
        calibrator runs on the board.
 
 Where ``tensorrt`` imports and a GPU is present, the engine is built here too (with a
@@ -25,6 +29,7 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
+from edgekit.mixed import Layer, Search, output_snr_db, quant_sqnr_db, weight_sqnr_db
 from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, toposort
 
 PRIMARY = "model.onnx"
@@ -75,39 +80,30 @@ class TensorRTConverter:
 
     def _quantize_int8(self, job: ConvertJob, src: Path, dest: Path) -> dict:
         onnx = require("onnx", "jetson")
-        q = require("onnxruntime.quantization", "jetson")
-        from onnxruntime.quantization.shape_inference import quant_pre_process
-
-        pre = job.work_dir / "preprocessed.onnx"
-        with contextlib.redirect_stdout(io.StringIO()):
-            quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+        pre = _preprocessed(job, src)
         assert job.calib is not None  # the pipeline refuses int8 without calibration data
         feeds = list(job.calib.batches(job.model))
-
-        class Reader(q.CalibrationDataReader):
-            def __init__(self) -> None:
-                self.it, self.done = iter(feeds), 0
-
-            def get_next(self):
-                feed = next(self.it, None)
-                self.done += feed is not None
-                job.step("calibration", f"{self.done}/{len(feeds)}")  # a sub-step row in convert's progress
-                return feed
-
-        excluded = job.options.get("keep_float_nodes") or []
-        method_name = job.options.get("calibration") or "minmax"
-        method = {"minmax": q.CalibrationMethod.MinMax, "percentile": q.CalibrationMethod.Percentile}[method_name]
-        q.quantize_static(
-            str(pre), str(dest), Reader(),
-            quant_format=q.QuantFormat.QDQ,
-            activation_type=q.QuantType.QInt8,  # TensorRT takes symmetric signed INT8 only
-            weight_type=q.QuantType.QInt8,
-            per_channel=True,
-            calibrate_method=method,
-            nodes_to_exclude=excluded,
-            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True,
-                           **({"CalibPercentile": 99.999} if method_name == "percentile" else {})},
-        )
+        excluded = list(job.options.get("keep_float_nodes") or [])
+        asked = job.options.get("calibration") or "auto"
+        measured: dict[str, float] = {}
+        if asked == "auto":  # each method's model against the float one on calibration samples: the best wins
+            search = _search_feeds(job)
+            ref = _run(pre, search)
+            for name in CALIBRATIONS:
+                cand = job.work_dir / f"int8-{name}.onnx"
+                with job.substep(f"calibration ({name})"):
+                    ranges = _ranges(job, pre, feeds, name)
+                _qdq(pre, cand, ranges, name, excluded)
+                measured[name] = round(output_snr_db(ref, _run(cand, search)), 2)
+            chosen = max(measured, key=lambda k: measured[k])
+            job.log("calibration by measurement (output SNR against float on "
+                    f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
+                    + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
+        else:
+            chosen = asked
+        with job.substep("calibration"):
+            ranges = _ranges(job, pre, feeds, chosen)  # computed above where measured (cached)
+        _qdq(pre, dest, ranges, chosen, excluded)
         proto = prune_opsets(onnx.load(str(dest)))
         cap_ir_version(proto)
         onnx.save(proto, str(dest))
@@ -119,13 +115,100 @@ class TensorRTConverter:
             "format": "QDQ",
             "weights": "int8 symmetric per-channel",
             "activations": "int8 symmetric per-tensor",
-            "calibration_method": method_name,
+            "calibration_method": chosen,
+            "calibration_settings": CALIBRATIONS[chosen][1],
+            "calibration_chosen": "by measurement (output SNR dB against float)" if measured else "by --option",
+            "calibration_measured_snr_db": measured or None,
             "calibration_batches": len(feeds),
             "calibration_source": job.calib.source,
             "nodes_kept_float": excluded,
             "quantize_linear": n_q,
             "dequantize_linear": n_dq,
         }
+
+    def mixed_search(self, job: ConvertJob, artifact: Artifact) -> Search:
+        """The layers an INT8 build may keep out of quantization (TensorRT then runs them in fp16/fp32, as
+        ``--int8 --fp16`` allows), ranked by local quantization SQNR, and a builder for the search."""
+        onnx = require("onnx", "jetson")
+        from onnx import helper
+
+        pre = job.work_dir / "preprocessed.onnx"
+        method = artifact.meta["quantization"]["calibration_method"]
+        base_excluded = list(job.options.get("keep_float_nodes") or [])
+        ranges_path = _ranges(job, pre, list(job.calib.batches(job.model)), method)
+        ranges = require("onnxruntime.quantization.calibrate", "jetson").load_tensors_data(ranges_path)
+        search = _search_feeds(job)
+        proto = onnx.load(str(pre))
+        inits = {i.name: i for i in proto.graph.initializer}
+        nodes = [n for n in proto.graph.node if n.op_type in QUANTIZED_OPS and n.name not in base_excluded]
+        # one float run that also returns every node's output: its local INT8 SQNR at the calibrated range
+        wanted = [n.output[0] for n in nodes if n.output and n.output[0] in ranges.data]
+        wanted += [t for n in nodes if n.op_type in WEIGHTED and n.input and n.input[0] not in inits
+                   for t in (n.input[0], n.output[0])]
+        wanted = list(dict.fromkeys(wanted))
+        vi = {v.name: v for v in list(proto.graph.value_info) + list(proto.graph.output)}
+        known = {o.name for o in proto.graph.output}
+        for t in wanted:
+            if t not in known:
+                proto.graph.output.append(vi.get(t) or helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None))
+        aug = job.work_dir / "mixed-augmented.onnx"
+        onnx.save(proto, str(aug))
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(aug), providers=["CPUExecutionProvider"])
+        names = [o.name for o in sess.get_outputs()]
+        acts: dict[str, list[np.ndarray]] = {}
+        for f in search[:8]:
+            for n, v in zip(names, sess.run(names, f), strict=True):
+                acts.setdefault(n, []).append(v)
+        layers = []
+        for n in nodes:
+            scores = []
+            if n.output and n.output[0] in acts and n.output[0] in ranges.data:
+                lo, hi = ranges.data[n.output[0]].range_value
+                scores.append(quant_sqnr_db(np.concatenate([a.ravel() for a in acts[n.output[0]]]),
+                                            float(np.max(np.abs([lo, hi])))))
+            w = next((inits[i] for i in n.input[1:2] if i in inits), None)
+            if w is not None and n.op_type in WEIGHTED and n.input[0] in acts and n.output[0] in acts:
+                arr = onnx.numpy_helper.to_array(w)
+                x = np.concatenate(acts[n.input[0]])
+                y = np.concatenate(acts[n.output[0]])
+                groups = next((a.i for a in n.attribute if a.name == "group"), 1)
+                if n.op_type == "ConvTranspose":
+                    arr, groups = None, 1  # its weight is [in, out/groups, ...]: not ranked by weights
+                elif n.op_type == "MatMul" or (n.op_type == "Gemm" and not any(
+                        a.name == "transB" and a.i for a in n.attribute)):
+                    arr = arr.T if arr.ndim == 2 else None  # [in, out] -> [out, in]
+                if n.op_type in ("Gemm", "MatMul"):
+                    x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
+                if arr is not None and x.ndim >= 2:
+                    scores.append(weight_sqnr_db(arr, x, y, groups))
+            if scores:
+                layers.append(Layer(n.name, n.op_type, round(float(min(scores)), 2)))
+        ref = _run(pre, search)
+        step = iter(range(10**6))
+
+        def outputs(kept: list[str]) -> list[np.ndarray]:
+            cand = job.work_dir / f"mixed-{next(step)}.onnx"
+            _qdq(pre, cand, ranges_path, method, base_excluded + kept)
+            got = _run(cand, search)
+            cand.unlink()
+            return got
+
+        return Search(layers, outputs, ref, "float (left out of Q/DQ; TensorRT runs it in fp16 under --fp16)")
+
+    def keep_layers(self, job: ConvertJob, artifact: Artifact, kept: list[str]) -> Artifact:
+        """The INT8 build again with ``kept`` nodes left out of Q/DQ, on the ranges the first build chose."""
+        first = artifact.meta["quantization"]
+        saved = job.options
+        user = [n for n in (saved.get("keep_float_nodes") or []) if n not in kept]
+        job.options = {**saved, "keep_float_nodes": user + kept, "calibration": first["calibration_method"]}
+        try:
+            again = self.convert(job)
+        finally:
+            job.options = saved
+        again.meta["quantization"].update({k: first[k] for k in ("calibration_chosen", "calibration_measured_snr_db")})
+        return again
 
     def _maybe_build_engine(self, job: ConvertJob, onnx_path: Path, notes: list[str]) -> dict:
         why = _engine_unavailable()
@@ -160,6 +243,99 @@ class TensorRTConverter:
     @staticmethod
     def versions() -> dict[str, str]:
         return toolchain_versions("torch", "onnx", "onnxruntime", "onnxslim", "onnxscript", "tensorrt")
+
+
+# ``--option calibration=``: name -> (onnxruntime CalibrationMethod, the calibrator's settings, really passed).
+# Entropy: 2048 histogram bins searched for the KL-optimal threshold over 128 quantized bins (TensorRT's
+# settings; quantize_static's own path leaves num_bins at 128, where entropy equals min-max).
+# onnxruntime's "Distribution" method is for float8 (its int8 range is the histogram's full range: min-max).
+CALIBRATIONS: dict[str, tuple[str, dict]] = {
+    "minmax": ("MinMax", {}),
+    "percentile": ("Percentile", {"percentile": 99.999, "num_bins": 2048}),
+    "percentile-99.99": ("Percentile", {"percentile": 99.99, "num_bins": 2048}),
+    "entropy": ("Entropy", {"num_bins": 2048, "num_quantized_bins": 128}),
+}
+WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# ops whose nodes quantize_static gives Q/DQ and that mixed precision may keep float
+QUANTIZED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Concat", "AveragePool",
+                 "GlobalAveragePool", "MaxPool", "Resize", "Sigmoid", "Softmax", "LeakyRelu", "HardSwish",
+                 "Where", "Split", "Pad", "ReduceMean", "InstanceNormalization", "LayerNormalization", "Gather"}
+
+
+def _preprocessed(job: ConvertJob, src: Path) -> Path:
+    """onnxruntime's quantization pre-processing (shape inference, BASIC optimization), every node named
+    (nodes_to_exclude and the mixed-precision search address nodes by name)."""
+    onnx = require("onnx", "jetson")
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = job.work_dir / "preprocessed.onnx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    proto = onnx.load(str(pre))
+    seen: set[str] = set()
+    for i, n in enumerate(proto.graph.node):
+        if not n.name or n.name in seen:
+            n.name = f"{n.op_type}_{i}"
+        seen.add(n.name)
+    onnx.save(proto, str(pre))
+    return pre
+
+
+def _search_feeds(job: ConvertJob, n: int = 64) -> list[dict[str, np.ndarray]]:
+    """Up to ``n`` calibration samples spread over the file (never the golden or eval samples: the pipeline
+    holds those out of --calib), for measuring calibration methods and layer sensitivity."""
+    from edgekit.data import draw
+
+    ds = job.calib
+    return list(ds.subset(draw(len(ds), n, ds.labels, seed=7)).batches(job.model))
+
+
+def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    model = load_firmware("tensorrt").OnnxRuntimeModel(str(path))
+    outs = [model(f) for f in feeds]
+    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+
+
+def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str) -> Path:
+    """Activation ranges of ``pre`` by calibration method ``name`` with its settings, computed once per build
+    (cached in the work folder as onnxruntime's calibration cache)."""
+    cache = job.work_dir / f"ranges-{name}.json"
+    if cache.is_file():
+        return cache
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
+
+    method, settings = CALIBRATIONS[name]
+
+    class Reader:
+        def __init__(self) -> None:
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        cal = create_calibrator(pre, None, augmented_model_path=str(job.work_dir / f"augmented-{name}.onnx"),
+                                calibrate_method=getattr(CalibrationMethod, method),
+                                extra_options={"symmetric": True, **settings})
+        cal.collect_data(Reader())
+        save_tensors_data(cal.compute_data(), cache)
+    return cache
+
+
+def _qdq(pre: Path, dest: Path, ranges: Path, name: str, excluded: list[str]) -> None:
+    q = require("onnxruntime.quantization", "jetson")
+    with contextlib.redirect_stdout(io.StringIO()):
+        q.quantize_static(
+            str(pre), str(dest), None,
+            quant_format=q.QuantFormat.QDQ,
+            activation_type=q.QuantType.QInt8,  # TensorRT takes symmetric signed INT8 only
+            weight_type=q.QuantType.QInt8,
+            per_channel=True,
+            calibrate_method=getattr(q.CalibrationMethod, CALIBRATIONS[name][0]),
+            calibration_cache_path=str(ranges),
+            nodes_to_exclude=excluded,
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True},
+        )
 
 
 def _opset(proto) -> int:

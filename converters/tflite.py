@@ -50,6 +50,7 @@ from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_f
 
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
+from edgekit.mixed import Layer, Search, output_snr_db
 from edgekit.quiet import quiet_python
 from edgekit.tf_graph import tf_convert
 from edgekit.tflite_graph import TFLiteGraph, text
@@ -77,8 +78,15 @@ def _litert_torch():
 # ---------------------------------------------------------------- PT2E quantizer
 
 
-def _quantizer(dynamic: bool):
-    """litert-torch's PT2EQuantizer, with every binary ``aten.add``/``aten.mul`` annotated."""
+SEARCH_CALIB = 64  # calibration samples of each build the observer choice and the mixed-precision search make
+# activation observers ``--option calibration=`` chooses from (``auto``: each is measured on the model)
+OBSERVERS = ("histogram", "minmax")
+
+
+def _quantizer(dynamic: bool, observer: str = "histogram", keep: tuple[str, ...] = ()):
+    """litert-torch's PT2EQuantizer, with every binary ``aten.add``/``aten.mul`` annotated, activations
+    observed by ``observer`` (histogram: HistogramObserver's L2-optimal range; minmax: the observed range),
+    and the fx nodes named in ``keep`` left float (mixed precision)."""
     torch = require("torch")
     pq = require("litert_torch.quantize.pt2e_quantizer", EXTRA)
     from litert_torch.quantize.pt2e_quantizer_utils import (
@@ -86,7 +94,8 @@ def _quantizer(dynamic: bool):
         get_output_act_qspec,
         propagate_annotation,
     )
-    from torchao.quantization.pt2e.quantizer import QuantizationAnnotation
+    from torchao.quantization.pt2e import MinMaxObserver
+    from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, SharedQuantizationSpec
 
     from edgekit.converters import tflite_int8
 
@@ -106,6 +115,9 @@ def _quantizer(dynamic: bool):
                       torch.ops.aten.mul_.Tensor)
             if dynamic:
                 return super().annotate(model)
+            for n in model.graph.nodes:  # kept float: marked annotated with no quantization spec
+                if n.name in keep:
+                    n.meta["quantization_annotation"] = QuantizationAnnotation(_annotated=True)
             model = self._annotate_for_static_quantization_config(model)
             cfg = self.global_config
             # The stock "add"/"mul" annotators find their nodes through source partitions
@@ -125,11 +137,40 @@ def _quantizer(dynamic: bool):
                     )
                     self.fixed_adds += 1
             self.int8_ops += tflite_int8.annotate(model, cfg)
+            if keep:  # a spec shared with a kept node's edge cannot be: those nodes stay float too
+                for n in model.graph.nodes:  # again: tflite_int8 quantizes the output of a fused op's other readers
+                    if n.name in keep:
+                        n.meta["quantization_annotation"] = QuantizationAnnotation(_annotated=True)
+                changed = True
+                while changed:
+                    changed = False
+                    float_nodes = {n for n in model.graph.nodes if n.name in keep or _blank(n)}
+                    for n in model.graph.nodes:
+                        a = n.meta.get("quantization_annotation")
+                        if a is None or n in float_nodes:
+                            continue
+                        specs = [*a.input_qspec_map.values(), a.output_qspec]
+                        if any(isinstance(q, SharedQuantizationSpec) and any(
+                                x in float_nodes for x in (q.edge_or_node if isinstance(q.edge_or_node, tuple)
+                                                           else (q.edge_or_node,))) for q in specs):
+                            n.meta["quantization_annotation"] = QuantizationAnnotation(_annotated=True)
+                            changed = True
             propagate_annotation(model)
             return model
 
-    q = EdgekitPT2EQuantizer().set_global(pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic))
-    return q
+    cfg = pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=dynamic)
+    if observer == "minmax" and not dynamic:
+        import dataclasses
+
+        act = cfg.input_activation
+        act = dataclasses.replace(act, observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12))
+        cfg = dataclasses.replace(cfg, input_activation=act, output_activation=act)
+    return EdgekitPT2EQuantizer().set_global(cfg)
+
+
+def _blank(n) -> bool:
+    a = n.meta.get("quantization_annotation")
+    return a is not None and not a.input_qspec_map and a.output_qspec is None and a._annotated
 
 
 # ---------------------------------------------------------------- audit
@@ -344,12 +385,15 @@ class TFLiteConverter:
             meta["full_integer"] = not rep["float_ops"]
             if rep["float_ops"]:
                 listed = format_float_ops(rep["float_ops"])
-                if not allow_fallback:
+                if job.options.get("keep_float_nodes"):
+                    notes.append(f"{len(rep['float_ops'])} op(s) float by keep_float_nodes (mixed precision): {listed}")
+                elif not allow_fallback:
                     raise ConversionError(
                         f"full-integer int8 was asked but {len(rep['float_ops'])} op(s) run in float: {listed}; "
                         "replace those layers, or pass --option allow_float_fallback=true to accept them"
                     )
-                job.warn(f"{len(rep['float_ops'])} op(s) stay float (allowed by allow_float_fallback): {listed}")
+                else:
+                    job.warn(f"{len(rep['float_ops'])} op(s) stay float (allowed by allow_float_fallback): {listed}")
             else:
                 q_in = (meta.get("int8_io") or rep["io"])["inputs"][0]
                 notes.append("full integer: every op takes and gives int8 tensors"
@@ -411,49 +455,121 @@ class TFLiteConverter:
                 "activations": "fp32", "io": "float32"}
 
     def _pt2e(self, job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
-        torch = require("torch")
         qc = require("litert_torch.quantize.quant_config", EXTRA)
-        from torchao.quantization.pt2e import quantize_pt2e
-
         m = job.model
-        q = _quantizer(dynamic)
-        if m.exported is None:
-            try:
-                module = torch.export.export(module, sample).module()
-            except Exception as exc:
-                raise ConversionError(_explain_export_failure(exc, m.source)) from None
-        n_batches = 0
-        with quiet_python():
-            prepared = quantize_pt2e.prepare_pt2e(module, q)
-            with torch.no_grad():
-                if dynamic:
-                    prepared(*sample)
-                else:
-                    assert job.calib is not None  # the pipeline refuses int8 without --calib
-                    with job.substep("calibration"):
-                        for feed in job.calib.batches(m):
-                            prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
-                            n_batches += 1
-            converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=False)
-        if not dynamic and n_batches == 0:
-            raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+        module = self._exported(job, module, sample)
+        keep = tuple(job.options.get("keep_float_nodes") or ())
+        asked = job.options.get("calibration") or "auto"
+        measured: dict[str, float] = {}
+        if dynamic:
+            chosen = "histogram"
+        elif asked == "auto":  # each observer's fake-quant model against float on calibration samples
+            search = _search_feeds(job)
+            ref = _torch_run(module, search, m)
+            for name in OBSERVERS:
+                with job.substep(f"observer ({name})"):
+                    conv, _, _ = self._calibrated(job, module, sample, False, name, keep, SEARCH_CALIB)
+                measured[name] = round(output_snr_db(ref, _torch_run(conv, search, m)), 2)
+            chosen = max(measured, key=lambda k: measured[k])
+            job.log("activation observer by measurement (output SNR against float on "
+                    f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
+                    + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
+        else:
+            chosen = asked
+        with job.substep("calibration"):
+            converted, q, n_batches = self._calibrated(job, module, sample, dynamic, chosen, keep)
         with job.substep("TFLite lowering"):
             edge = self._lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
         info: dict[str, Any] = {
             "tool": "litert-torch PT2E " + ("dynamic" if dynamic else "static"),
             "weights": "int8 symmetric per-channel",
             "activations": ("int8 quantized at run time (dynamic range)" if dynamic
-                            else "int8 per-tensor affine (HistogramObserver)"),
+                            else "int8 per-tensor affine ("
+                            + ("HistogramObserver" if chosen == "histogram" else "MinMaxObserver") + ")"),
             "io": "float32" if dynamic else "int8",
         }
         if not dynamic:
-            info.update({"calibration_batches": n_batches, "calibration_source": job.calib.source,
+            info.update({"calibration_method": chosen,
+                         "calibration_chosen": ("by measurement (output SNR dB against float)" if measured
+                                                else "by --option"),
+                         "calibration_measured_snr_db": measured or None,
+                         "calibration_batches": n_batches, "calibration_source": job.calib.source,
                          "add_mul_quantized": q.binary_nodes, "add_mul_annotated_by_edgekit": q.fixed_adds,
-                         "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten})
+                         "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten,
+                         "nodes_kept_float": list(keep)})
             job.log(f"PT2E calibrated on {n_batches} batches; {q.binary_nodes} add/mul node(s) quantized "
                     f"({q.fixed_adds} annotated by edgekit where litert-torch's annotator missed them); edgekit "
                     f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} (BatchNorm after ReLU, PReLU)")
         return info, edge
+
+    def _exported(self, job: ConvertJob, module, sample):
+        torch = require("torch")
+        if job.model.exported is None:
+            try:
+                return torch.export.export(module, sample).module()
+            except Exception as exc:
+                raise ConversionError(_explain_export_failure(exc, job.model.source)) from None
+        return module
+
+    def _calibrated(self, job: ConvertJob, module, sample, dynamic: bool, observer: str, keep: tuple[str, ...],
+                    limit: int | None = None):
+        """prepare_pt2e -> calibrate on --calib (its first ``limit`` samples: the searches) -> convert_pt2e: the
+        fake-quant program (runs in torch)."""
+        import copy
+
+        torch = require("torch")
+        from torchao.quantization.pt2e import quantize_pt2e
+
+        m = job.model
+        q = _quantizer(dynamic, observer, keep)
+        n_batches = 0
+        with quiet_python():
+            prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
+            with torch.no_grad():
+                if dynamic:
+                    prepared(*sample)
+                else:
+                    assert job.calib is not None  # the pipeline refuses int8 without --calib
+                    for feed in job.calib.batches(m, limit):
+                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
+                        n_batches += 1
+            converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=False)
+        if not dynamic and n_batches == 0:
+            raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+        return converted, q, n_batches
+
+    def mixed_search(self, job: ConvertJob, artifact: Artifact) -> Search:
+        """The fx nodes an int8 build may keep float (LiteRT runs them in float between DEQUANTIZE and
+        QUANTIZE), ranked by local INT8 SQNR; the search runs the fake-quant program in torch."""
+        torch = require("torch")
+        m = job.model
+        sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+        module = self._exported(job, self._module(job), sample)
+        method = artifact.meta["quantization"]["calibration_method"]
+        base = tuple(job.options.get("keep_float_nodes") or ())
+        search = _search_feeds(job)
+        conv, _, _ = self._calibrated(job, module, sample, False, method, base, SEARCH_CALIB)
+        layers = _local_sqnr(conv, search[:8], m)
+        ref = _torch_run(module, search, m)
+
+        def outputs(kept: list[str]) -> list[np.ndarray]:
+            c, _, _ = self._calibrated(job, module, sample, False, method, base + tuple(kept), SEARCH_CALIB)
+            return _torch_run(c, search, m)
+
+        return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)")
+
+    def keep_layers(self, job: ConvertJob, artifact: Artifact, kept: list[str]) -> Artifact:
+        """The int8 build again with ``kept`` fx nodes float, with the observer the first build chose."""
+        first = artifact.meta["quantization"]
+        saved = job.options
+        user = [n for n in (saved.get("keep_float_nodes") or []) if n not in kept]
+        job.options = {**saved, "keep_float_nodes": user + kept, "calibration": first["calibration_method"]}
+        try:
+            again = self.convert(job)
+        finally:
+            job.options = saved
+        again.meta["quantization"].update({k: first[k] for k in ("calibration_chosen", "calibration_measured_snr_db")})
+        return again
 
     def _latency(self, path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:
         out = {}
@@ -486,6 +602,64 @@ class TFLiteConverter:
         # TensorFlow (Keras input only) is recorded in artifact.toolchain of the builds that used it
         return toolchain_versions("torch", "litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer",
                                   "torchao")
+
+
+def _search_feeds(job: ConvertJob, n: int = 64) -> list[dict[str, np.ndarray]]:
+    """Up to ``n`` calibration samples spread over the file (the pipeline holds golden and eval samples out of
+    --calib), for measuring observers and layer sensitivity."""
+    from edgekit.data import draw
+
+    ds = job.calib
+    return list(ds.subset(draw(len(ds), n, ds.labels, seed=7)).batches(job.model))
+
+
+def _torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray]:
+    torch = require("torch")
+    outs = []
+    with torch.no_grad():
+        for f in feeds:
+            o = module(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
+            o = o if isinstance(o, (tuple, list)) else (o,)
+            outs.append([t.detach().numpy() for t in o])
+    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+
+
+def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]:
+    """Each quantized compute node of the fake-quant program with the SQNR of its own output's INT8
+    quantize/dequantize (the activation before and after, on the same run) and of its weights."""
+    torch = require("torch")
+    g = converted.graph
+    qops = {"quantize_per_tensor", "quantize_per_tensor.default", "quantize_per_tensor.tensor"}
+    compute = ("conv", "linear", "add", "mul", "cat", "matmul", "bmm", "mean", "pool", "hardtanh", "relu")
+    seen: dict[str, list[tuple]] = {}
+
+    class Rec(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if (n.op == "call_function" and any(q in str(n.target) for q in qops)
+                    and isinstance(n.args[0], torch.fx.Node)):
+                x, scale, zp, lo, hi = (self.env[n.args[0]], *[self.env[a] if isinstance(a, torch.fx.Node) else a
+                                                                 for a in n.args[1:5]])
+                deq = (torch.clamp(torch.round(x / scale) + zp, lo, hi) - zp) * scale
+                seen.setdefault(n.args[0].name, []).append((x.detach().numpy(), deq.detach().numpy()))
+            return out
+
+    with torch.no_grad():
+        for f in feeds:
+            Rec(converted).run(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
+    layers = []
+    for n in g.nodes:
+        if n.op != "call_function" or n.name not in seen or not any(c in str(n.target) for c in compute):
+            continue
+        x = np.concatenate([a.ravel() for a, _ in seen[n.name]]).astype(np.float64)
+        d = np.concatenate([b.ravel() for _, b in seen[n.name]]).astype(np.float64)
+        noise, signal = float(np.sum((x - d) ** 2)), float(np.sum(x ** 2))
+        db = float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+        stack = n.meta.get("nn_module_stack") or {}
+        where = next(reversed(stack.values()))[0] if stack else ""
+        op = str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target)
+        layers.append(Layer(n.name, f"{op}{' ' + where if where else ''}", round(db, 2)))
+    return layers
 
 
 def _interpreter(path: Path, threads: int):

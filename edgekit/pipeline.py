@@ -95,6 +95,7 @@ def convert(
     cache: bool = True,
     cache_dir: str | Path | None = None,
     verbose: bool = False,
+    strict: bool = False,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out`` (default
     ``build/<model>-<target>-<precision>``, the precision as planned).
@@ -110,6 +111,9 @@ def convert(
     What the toolchains print is captured into the build's ``toolchain.log`` (shown live too with
     ``verbose``); ``log``, ``warn`` and ``on_stage`` are edgekit's own messages. ``on_stage`` also hears
     sub-steps of long stages as ``"convert/calibration"`` with ``"start"``, ``"3/16"`` or the time taken.
+
+    An INT8 build that fails verification gets mixed precision (:mod:`edgekit.mixed`: the fewest
+    sensitive layers kept at higher precision, then verified again) unless ``strict``.
     """
     from edgekit.converters import ConvertJob, check_options, get_converter
 
@@ -140,7 +144,8 @@ def convert(
 
         bc = build_cache.open_cache(
             model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
-            trust_pickle=trust_pickle, opset=opset, golden_count=golden_count, options=options,
+            trust_pickle=trust_pickle, opset=opset, golden_count=golden_count,
+            options={**(options or {}), "--strict": True} if strict else options,  # no mixed-precision build
             output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log)
         hit = bc.restore(out, lambda man: Path(DEFAULT_BUILD_ROOT) / man["name"], log) if bc else None
         if hit is not None:
@@ -182,8 +187,15 @@ def convert(
             with clock.stage("convert"):
                 artifact = stages.convert(job, conv)
             with clock.stage("verify"):
-                checked = stages.verify(ing, lambda: conv.host_runner(job, artifact), comp,
-                                        tgt.tolerances[planned.precision], artifact.runtime, planned.precision)
+                tol = tgt.tolerances[planned.precision]
+                checked = stages.verify(ing, lambda: conv.host_runner(job, artifact), comp, tol, artifact.runtime,
+                                        planned.precision)
+                if (not checked.verification.passed and checked.verification.outputs and not strict
+                        and planned.precision == "int8" and hasattr(conv, "mixed_search")):
+                    from edgekit.mixed import fallback
+
+                    artifact, checked = fallback(job, conv, artifact, checked, comp.kinds, tol, lambda a: stages.verify(
+                        ing, lambda: conv.host_runner(job, a), comp, tol, a.runtime, planned.precision), log, _warn)
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 versions = conv.versions() if hasattr(conv, "versions") else {}

@@ -35,12 +35,13 @@ class _Builder:
     """
 
     def __init__(self, analyzed: Analyzed, target: Target, board: Board, eval_ds, calib_ds, work: Path,
-                 output: int) -> None:
+                 output: int, calibration: str | None = None) -> None:
         self.a, self.target, self.board, self.eval_ds, self.calib_ds, self.work = (
             analyzed, target, board, eval_ds, calib_ds, work)
         self.output = output  # the output labels are scored on (as the pipeline's verify scores them)
         self.known: dict[tuple[str, tuple[str, ...]], float] = {}  # (precision, float layers) -> accuracy
         self.n = 0
+        self.calibration = calibration  # the INT8 calibration method the pipeline build chose (jetson), reused
 
     def accuracy(self, precision: str, float_layers: list[str]) -> float:
         from edgekit.converters import ConvertJob, get_converter
@@ -55,7 +56,8 @@ class _Builder:
         m = self.a.model
         job = ConvertJob(model=m, target=self.target, board=self.board, precision=precision,
                          calib=self.calib_ds, out_dir=out, work_dir=work,
-                         options={"opset": None, "keep_float_nodes": list(float_layers)},
+                         options={"opset": None, "keep_float_nodes": list(float_layers),
+                                  **({"calibration": self.calibration} if self.calibration else {})},
                          log=lambda msg: None, warn=lambda msg: None,
                          float_onnx=self.a.float_graph if m.is_torch else None)
         conv = get_converter(self.target.converter)
@@ -71,7 +73,8 @@ def _pipeline_accuracy(plan: Plan, a: Analyzed, out: Path, precision: str, float
     res = convert(a.model, target=plan.target, out=out, board=plan.board, precision=precision,
                   calib=calib, eval_data=eval_data, board_set=board_set,
                   options={"keep_float_nodes": list(float_layers)} if float_layers else None,
-                  log=lambda m: None, warn=log, analysis=(a.stats, a.float_graph), fail_on_verification=False)
+                  log=lambda m: None, warn=log, analysis=(a.stats, a.float_graph), fail_on_verification=False,
+                  strict=True)  # the planner keeps layers float by its own accuracy search
     v = res.verification
     if not v.passed:  # the build is kept; the accuracy budget decides in refine
         log("host verification: " + "; ".join(v.failures))
@@ -137,7 +140,11 @@ def refine(plan: Plan, model: Any, eval_data: str, *, calib: str | None = None, 
             raise PlanError(f"accuracy drop budget {budget} points cannot be met: {cand.label} loses "
                             f"{drop:.2f} points (+{drop - budget:.2f}); relax --max-accuracy-drop")
         # per-layer sensitivity: accuracy regained by keeping one layer in float
-        b = _Builder(a, tgt, load_board(plan.board, board_set), eval_ds, calib_ds, work, scored)
+        import json
+
+        q = json.loads((build / "manifest.json").read_text())["artifact"].get("quantization") or {}
+        b = _Builder(a, tgt, load_board(plan.board, board_set), eval_ds, calib_ds, work, scored,
+                     q.get("calibration_method"))
         b.known[(cand.precision, ())] = ca  # the pipeline build above is the no-float-layers build
         gain = {name: 100 * (b.accuracy(cand.precision, [name]) - ca) for name in weight_layer_names(plan.stats)}
         plan.sensitivity = dict(sorted(gain.items(), key=lambda kv: -kv[1]))

@@ -72,6 +72,35 @@ def _budgets(man: dict[str, Any]) -> list[str]:
     return out + [""]
 
 
+def _mixed_precision(art: dict[str, Any]) -> list[str]:
+    """INT8 calibration as chosen, and the mixed-precision search (edgekit.mixed) where plain INT8 failed."""
+    q = art.get("quantization") or {}
+    lines = []
+    if q.get("calibration_measured_snr_db"):
+        lines += ["", "## INT8 calibration", "", f"Method **{q['calibration_method']}**, {q['calibration_chosen']}: "
+                  + ", ".join(f"{k} {v:.1f} dB" for k, v in q["calibration_measured_snr_db"].items()) + "."]
+    mp = art.get("mixed_precision")
+    if not mp:
+        return lines
+    lines += ["", "## Mixed precision", "",
+              f"Plain INT8 failed verification ({'; '.join(mp['int8_verification_failures'])}). "
+              f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, {mp['seconds']:.1f} s): "
+              f"output SNR {mp['snr_db_before']:.1f} dB all-INT8 → {mp['snr_db_after']:.1f} dB with "
+              f"{len(mp['kept'])} layer(s) kept {mp['keeps_as']}. Re-verification: "
+              f"**{'passed' if mp['passed_after'] else 'FAILED'}** (the table above).", "",
+              "| layer | op | local INT8 SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
+              "|---|---|---|---|---|---|"]
+    kept = {k["name"] for k in mp["kept"]}
+    shown = mp["scanned"] + [k for k in mp["kept"] if k["name"] not in {s["name"] for s in mp["scanned"]}]
+    for lay in shown:
+        fmt = (lambda x: "—" if x is None else f"{x:.1f}")
+        lines.append(f"| {lay['name']} | {lay['op']} | {lay['local_sqnr_db']:.1f} | {fmt(lay['alone_snr_db'])} | "
+                     f"{fmt(lay['gain_db'])} | {'yes' if lay['name'] in kept else ''} |")
+    if mp.get("plot"):
+        lines += ["", f"![per-layer sensitivity]({mp['plot']})"]
+    return lines
+
+
 def render_report(man: dict[str, Any], stats: ModelStats) -> str:
     v = man["verification"]
     lines = [
@@ -112,6 +141,7 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
                   f"{v['eval_samples']} samples can tell."]
     if v["failures"]:
         lines += ["", "### Failures", ""] + [f"- {f}" for f in v["failures"]]
+    lines += _mixed_precision(man["artifact"])
     a, prim = man["analysis"], man["artifact"]["primary"]
     lines += [
         "",

@@ -35,6 +35,7 @@ def convert(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild even when the build cache holds this build")] = False,
     cache_dir: CacheDirOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the toolchains' own output live (always kept in the build's toolchain.log)")] = False,
+    strict: Annotated[bool, typer.Option("--strict", help="int8: fail when verification fails, instead of keeping the most sensitive layers at higher precision")] = False,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
     from edgekit.cli.progress import StageProgress
@@ -48,7 +49,7 @@ def convert(
             golden_count=golden, options=parse_overrides(option, "--option", "allow_float_fallback=true") or None,
             max_data_mb=max_data_mb, output_kinds={k: str(v) for k, v in parse_overrides(
                 output_kind, "--output-kind", "landmarks=regression").items()} or None,
-            eval_output=eval_output, log=lambda m: err.print(f"  [dim]{m}[/]"),
+            eval_output=eval_output, strict=strict, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=progress.on_stage, verbose=verbose,
             cache=not no_cache, cache_dir=cache_dir,
         )

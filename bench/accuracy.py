@@ -1,0 +1,150 @@
+"""INT8 accuracy per PTQ path (issue 15): float accuracy, INT8 accuracy and top-1 agreement with float, with
+the time each build took, for
+
+    (a) the old PTQ       jetson: onnxruntime MinMax; android: PT2E HistogramObserver (both --strict)
+    (b) the new PTQ       calibration chosen per model by measurement (calibration=auto, --strict)
+    (c) PTQ + mixed       (b), and where it fails verification the fewest layers kept at higher precision
+    (d) after finetune    edgekit.finetune (distillation with INT8 fake quantization, 10 epochs on --calib), then
+                          (c) on the fine-tuned weights; torch models only (an ONNX model has no trainable graph)
+
+on the digits example, the MobileNetV2-shaped net (bench/android_nets.py, trained on digits), the digits
+network with an INT8-fragile head (tests/support/plan_nets.py) and the zoo's image classifier (ppocr-cls; its
+text lines have no labels: agreement with float only). Every build is a real pipeline run (edgekit.pipeline
+.convert: export, quantize, verify on held-out samples); accuracy and agreement are on the eval samples.
+
+    python bench/accuracy.py [--targets jetson android] [--models digits mbv2 fragile ppocr-cls] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "support"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+OLD = {"jetson": "minmax", "android": "histogram"}
+
+
+def models(work: Path, names: list[str]) -> list[dict]:
+    digits = ROOT / "examples" / "digits"
+    out = []
+    for name in names:
+        if name == "digits":
+            out.append({"name": "digits CNN", "model": str(digits / "digits_cnn.pt2"),
+                        "calib": str(digits / "calib.npz"), "eval": str(digits / "eval.npz")})
+        elif name == "fragile":
+            out.append({"name": "digits, fragile head", "model": "plan_nets:digits_int8_fragile",
+                        "input_shape": ["1,1,8,8"], "calib": str(digits / "calib.npz"),
+                        "eval": str(digits / "eval.npz")})
+        elif name == "mbv2":
+            from android_nets import save_mbv2
+
+            save_mbv2(work / "mbv2")
+            out.append({"name": "MobileNetV2-shaped", "model": str(work / "mbv2" / "mbv2.pt2"),
+                        "calib": str(work / "mbv2" / "calib.npz"), "eval": str(work / "mbv2" / "eval.npz")})
+        else:  # a zoo model
+            from edgekit.zoo import fetch, select
+            from edgekit.zoo.run import prepare_data
+
+            m = select([name])[0]
+            data = str(prepare_data(m))
+            out.append({"name": name, "model": m.factory or str(fetch(m)), "input_shape": m.input_shape or None,
+                        "consts": m.const or None, "calib": data, "eval": data,
+                        "output_kinds": dict(k.split("=", 1) for k in m.output_kind) or None})
+    return out
+
+
+def build(spec: dict, target: str, out: Path, calibration: str, strict: bool) -> dict:
+    from edgekit.errors import EdgekitError
+    from edgekit.pipeline import convert
+
+    t0 = time.perf_counter()
+    try:
+        res = convert(spec["model"], target=target, precision="int8", calib=spec["calib"], eval_data=spec["eval"],
+                      input_shape=spec.get("input_shape"), consts=spec.get("consts"), out=out,
+                      output_kinds=spec.get("output_kinds"), options={"calibration": calibration}, strict=strict,
+                      cache=False, fail_on_verification=False)
+    except EdgekitError as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
+    v, art = res.verification, res.manifest["artifact"]
+    agree = [a["top1_agreement"] for a in v.eval_agreement.values() if "top1_agreement" in a]
+    return {"passed": v.passed, "float": v.float_accuracy, "int8": v.converted_accuracy,
+            "agree": agree[0] if agree else None, "method": art["quantization"].get("calibration_method"),
+            "kept": len((art.get("mixed_precision") or {}).get("kept") or []),
+            "seconds": time.perf_counter() - t0}
+
+
+def tuned(spec: dict, target: str, work: Path) -> dict:
+    """(d): edgekit.finetune on the calibration inputs, then the new PTQ (+ mixed precision) on its output."""
+    from edgekit.errors import EdgekitError
+    from edgekit.finetune import finetune
+
+    if str(spec["model"]).endswith(".onnx"):
+        return {"error": "not run: an ONNX model has no trainable graph for finetune", "seconds": 0.0}
+    t0 = time.perf_counter()
+    try:
+        ft = finetune(spec["model"], spec["calib"], work / f"ft-{target}.pt2", target=target, epochs=10,
+                      input_shape=spec.get("input_shape"))
+    except EdgekitError as exc:
+        return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
+    spent = time.perf_counter() - t0
+    r = build({**spec, "model": str(ft.out), "input_shape": None}, target, work / "d", "auto", strict=False)
+    r["seconds"] += spent
+    return r
+
+
+def pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.2f}"
+
+
+def cell(r: dict, kept: bool = False) -> str:
+    if "error" in r:
+        return r["error"] if r["error"].startswith("not run") else f"error ({r['error'][:60]}) {r['seconds']:.0f} s"
+    acc = f"{pct(r['int8'])} / " if r["int8"] is not None else ""
+    extra = f", {r['kept']} kept" if kept else ""
+    return (f"{acc}{pct(r['agree'])}% agree, {r['method']}{extra}, "
+            f"{'pass' if r['passed'] else 'FAIL'}, {r['seconds']:.0f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--targets", nargs="+", default=["jetson", "android"])
+    ap.add_argument("--models", nargs="+", default=["digits", "fragile", "mbv2", "ppocr-cls"])
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--no-finetune", dest="finetune", action="store_false", help="skip column (d)")
+    args = ap.parse_args()
+    finetune = importlib.util.find_spec("edgekit.finetune") is not None
+    if not args.finetune:
+        finetune = False
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="edgekit-bench-acc-") as tmp:
+        work = Path(tmp)
+        for spec in models(work, args.models):
+            for target in args.targets:
+                a = build(spec, target, work / "a", OLD[target], strict=True)
+                b = build(spec, target, work / "b", "auto", strict=True)
+                # (c) is (b) where (b) passed: mixed precision only runs on a failed verification
+                c = dict(b) if b.get("passed") else build(spec, target, work / "c", "auto", strict=False)
+                d = tuned(spec, target, work) if finetune else {"error": "not run", "seconds": 0.0}
+                row = {"model": spec["name"], "target": target, "float": b.get("float"), "a": a, "b": b, "c": c, "d": d}
+                rows.append(row)
+                print(json.dumps(row, default=str), flush=True)
+    print("\nINT8 accuracy / agreement with float on the eval samples (%), the method, verdict and build time")
+    print("\n| model | target | float acc | (a) old PTQ | (b) new PTQ | (c) PTQ + mixed precision | (d) finetune |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['target']} | {pct(r['float'])} | {cell(r['a'])} | {cell(r['b'])} | "
+              f"{cell(r['c'], kept=True)} | {cell(r['d'], kept=True)} |")
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()

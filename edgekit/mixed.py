@@ -1,0 +1,232 @@
+"""Mixed precision for an INT8 build that failed verification: find the layers that cause it, keep the fewest
+of them at higher precision, re-verify.
+
+A converter offers a :class:`Search`: its candidate layers ranked by a cheap local measure (the quantization
+SQNR of each layer's own output activation and weights, one float run), and ``outputs(kept)``, which builds
+the model with ``kept`` layers left out of INT8 and runs it on search samples (calibration inputs, never the
+golden or eval samples that judge the build). Then:
+
+1. the ``measure`` worst-ranked layers are each kept alone and measured: output SNR against the float model;
+2. layers are added greedily in order of measured gain until the search samples pass the target's checks;
+3. the artifact is written with those layers kept and verified for real on the golden (and eval) data; if
+   that still fails, the next layers in order are added, each re-verified, up to ``max_kept``.
+
+The verdict the user sees is always that last real verification.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PLOT = "sensitivity.png"
+
+
+@dataclass
+class Layer:
+    name: str
+    op: str
+    local_sqnr_db: float  # quantization SQNR of its own output (and weights): the cheap ranking
+    alone_snr_db: float | None = None  # model output SNR with only this layer kept (measured)
+    gain_db: float | None = None  # alone_snr_db minus the all-INT8 output SNR
+
+
+@dataclass
+class Search:
+    layers: list[Layer]  # candidates, any order (ranked here by local_sqnr_db)
+    outputs: Callable[[list[str]], list[np.ndarray]]  # build keeping these layers, run on the search samples
+    reference: list[np.ndarray]  # the float model's outputs on the search samples
+    keeps_as: str  # what a kept layer becomes, e.g. "float (TensorRT picks fp16/fp32 for it)"
+
+
+@dataclass
+class Outcome:
+    kept: list[Layer]
+    scanned: list[Layer]
+    snr_db_before: float
+    snr_db_after: float
+    builds: int
+    seconds: float
+    keeps_as: str
+    passed_search: bool
+    steps: list[dict[str, Any]] = field(default_factory=list)  # greedy: kept count -> search SNR / pass
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["kept"] = [asdict(k) for k in self.kept]
+        d["scanned"] = [asdict(k) for k in self.scanned]
+        return d
+
+
+def output_snr_db(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
+    """The worst output's SNR (dB) against the float outputs; +inf where identical."""
+    worst = float("inf")
+    for r, g in zip(ref, got, strict=True):
+        r64, g64 = np.asarray(r, np.float64), np.asarray(g, np.float64).reshape(np.shape(r))
+        noise = float(np.sum((g64 - r64) ** 2))
+        if not np.isfinite(noise):
+            return float("-inf")
+        signal = float(np.sum(r64 ** 2))
+        snr = float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+        worst = min(worst, snr)
+    return worst
+
+
+def quant_sqnr_db(x: np.ndarray, amax: float) -> float:
+    """SQNR (dB) of ``x`` fake-quantized to symmetric INT8 with range ±amax: how much of it 8 bits keep."""
+    x = np.asarray(x, np.float64)
+    if amax <= 0 or not np.isfinite(amax):
+        return float("inf") if not np.any(x) else float("-inf")
+    s = amax / 127.0
+    noise = float(np.sum((np.clip(np.round(x / s), -127, 127) * s - x) ** 2))
+    signal = float(np.sum(x ** 2))
+    return float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+
+
+def weight_sqnr_db(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: int = 1) -> float:
+    """SQNR (dB) of a layer's output when its weights ``w`` ([out, in/groups, ...], per-output-channel symmetric
+    INT8) are quantized, for its real input ``x`` ([N, in, ...]) and float output ``y`` ([N, out, ...]): the
+    weight error of each input channel weighted by that channel's energy. The weights' own SQNR misleads where
+    a large weight meets an input that is always zero (its scale rounds every real weight of the row to 0)."""
+    w = np.asarray(w, np.float64)
+    rows = w.reshape(w.shape[0], w.shape[1], -1)
+    s = np.abs(rows).max(axis=(1, 2), keepdims=True) / 127.0
+    s[s == 0] = 1.0
+    err2 = ((np.round(rows / s) * s - rows) ** 2).sum(axis=2)  # [out, in/groups]
+    x = np.asarray(x, np.float64)
+    energy = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
+    energy = (energy ** 2).mean(axis=1).reshape(groups, -1)  # [groups, in/groups]
+    group_of = np.arange(w.shape[0]) // max(1, w.shape[0] // groups)
+    noise = float(np.sum(err2 * energy[group_of]))
+    y = np.asarray(y, np.float64)
+    signal = float((np.moveaxis(y, 1, 0).reshape(y.shape[1], -1) ** 2).mean(axis=1).sum())
+    return float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+
+
+def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
+                max_kept: int = 16, log: Callable[[str], None] = lambda m: None) -> Outcome:
+    """Steps 1 and 2 of the module's procedure: the layers to keep, chosen on the search samples.
+    ``passes(outputs)``: the target's output checks on the search samples."""
+    t0 = time.perf_counter()
+    builds = 0
+    cache: dict[tuple[str, ...], tuple[float, bool]] = {}
+
+    def score(kept: list[str]) -> tuple[float, bool]:
+        nonlocal builds
+        key = tuple(sorted(kept))
+        if key not in cache:
+            got = search.outputs(list(kept))
+            builds += 1
+            cache[key] = (output_snr_db(search.reference, got), passes(got))
+        return cache[key]
+
+    base, _ = score([])
+    ranked = sorted(search.layers, key=lambda lay: lay.local_sqnr_db)
+    scanned = ranked[:measure]
+    for i, lay in enumerate(scanned, 1):
+        lay.alone_snr_db, _ = score([lay.name])
+        lay.gain_db = lay.alone_snr_db - base
+        log(f"sensitivity {i}/{len(scanned)}: {lay.name} ({lay.op}) kept alone: output SNR "
+            f"{lay.alone_snr_db:.1f} dB ({lay.gain_db:+.1f})")
+    order = sorted(scanned, key=lambda lay: -(lay.gain_db if np.isfinite(lay.gain_db) else 1e9))
+    order += [lay for lay in ranked[measure:]]  # beyond the measured ones: by local rank
+    kept: list[Layer] = []
+    steps = []
+    ok, snr = False, base
+    for lay in order[:max_kept]:
+        kept.append(lay)
+        snr, ok = score([k.name for k in kept])
+        steps.append({"kept": len(kept), "layer": lay.name, "snr_db": snr, "passed": ok})
+        log(f"{len(kept)} layer(s) kept: output SNR {snr:.1f} dB, search checks {'pass' if ok else 'fail'}")
+        if ok:
+            break
+    return Outcome(kept, scanned, base, snr, builds, time.perf_counter() - t0, search.keeps_as, ok, steps)
+
+
+def plot(outcome: Outcome, path: Path, title: str) -> bool:
+    """Per-layer sensitivity as a bar chart (PNG): output SNR gained by keeping each scanned layer alone at
+    higher precision, the kept ones highlighted. False where matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    lays = outcome.scanned
+    kept = {k.name for k in outcome.kept}
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(lays) + 1.6))
+    gains = [lay.gain_db if lay.gain_db is not None and np.isfinite(lay.gain_db) else 0.0 for lay in lays]
+    ax.barh(range(len(lays)), gains, color=["tab:red" if lay.name in kept else "tab:gray" for lay in lays])
+    ax.set_yticks(range(len(lays)), [f"{lay.name[-40:]} ({lay.op})" for lay in lays], fontsize=7)
+    ax.invert_yaxis()
+    ax.set_xlabel(f"output SNR gained when kept alone, dB (all-INT8: {outcome.snr_db_before:.1f} dB)")
+    ax.set_title(title + " (red: kept)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def summary(outcome: Outcome) -> list[str]:
+    """One line per kept layer, for the CLI notes and report.md."""
+    lines = []
+    for k in outcome.kept:
+        alone = "not measured alone" if k.alone_snr_db is None else (
+            f"alone: output SNR {k.alone_snr_db:.1f} dB ({k.gain_db:+.1f} dB)")
+        lines.append(f"kept {k.name} ({k.op}) {outcome.keeps_as}: local INT8 SQNR {k.local_sqnr_db:.1f} dB, {alone}")
+    return lines
+
+
+def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+             reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+             extra_steps: int = 4) -> tuple[Any, Any]:
+    """An INT8 build failed verification (``checked``): search, rebuild with the kept layers
+    (``conv.keep_layers``), re-verify with ``reverify(artifact)``. Returns the new (artifact, checked); the
+    artifact's meta gets ``mixed_precision`` and its notes one line per kept layer."""
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    before = list(checked.verification.failures)
+    warn(f"INT8 failed verification ({before[0]}{f' and {len(before) - 1} more' if len(before) > 1 else ''}): "
+         "searching for the layers that cause it (--strict fails instead)")
+    search = conv.mixed_search(job, artifact)
+    names = [s.name for s in job.model.outputs]
+    tol_d = tol.model_dump()
+
+    def passes(got: list[np.ndarray]) -> bool:
+        return all(smoke.check_output(n, kinds[n], r, g, tol_d, "int8")["passed"]
+                   for n, r, g in zip(names, search.reference, got, strict=True))
+
+    outcome = keep_fewest(search, passes, log=log)
+    ranked = [lay for lay in sorted(search.layers, key=lambda x: x.local_sqnr_db) if lay not in outcome.kept]
+    extra = sorted(ranked, key=lambda x: -(x.gain_db if x.gain_db is not None and np.isfinite(x.gain_db) else -1e9))
+    t0 = time.perf_counter()
+    for _ in range(extra_steps + 1):
+        artifact = conv.keep_layers(job, artifact, [k.name for k in outcome.kept])
+        checked = reverify(artifact)
+        if checked.verification.passed or not extra:
+            break
+        outcome.kept.append(extra.pop(0))  # the search samples passed, the golden ones do not: one more layer
+        log(f"re-verification failed with {len(outcome.kept) - 1} kept; adding {outcome.kept[-1].name}")
+    outcome.seconds += time.perf_counter() - t0
+    v = checked.verification
+    record = outcome.to_json()
+    record.update(int8_verification_failures=before, search_samples=int(len(search.reference[0])),
+                  passed_after=v.passed)
+    if plot(outcome, job.out_dir / PLOT, f"{job.model.source}: per-layer INT8 sensitivity"):
+        artifact.files.append(PLOT)
+        record["plot"] = PLOT
+    artifact.meta["mixed_precision"] = record
+    head = (f"mixed precision: plain INT8 failed verification; {len(outcome.kept)} layer(s) kept at higher precision "
+            f"({outcome.builds} search builds, {outcome.seconds:.1f} s); re-verification "
+            + ("passed" if v.passed else "still FAILS"))
+    artifact.notes[:0] = [head, *summary(outcome)]
+    if not v.passed:
+        v.notes.append(f"mixed precision kept {len(outcome.kept)} layer(s) and the build still fails verification")
+    return artifact, checked

@@ -1,0 +1,92 @@
+"""INT8 that does not leave the user alone (issue 15): calibration chosen by measuring, and mixed precision
+when an INT8 build fails verification. Real pipeline: torch.export -> ONNX -> onnxruntime's quantizer ->
+onnxruntime, on the trained digits network."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgekit.errors import VerificationError
+from edgekit.pipeline import convert
+
+sys.path.insert(0, str(Path(__file__).parent / "support"))  # plan_nets:digits_int8_fragile
+
+FRAGILE, SHAPE = "plan_nets:digits_int8_fragile", ["1,1,8,8"]
+
+
+def test_jetson_calibration_is_chosen_by_measurement_and_recorded(digits, tmp_path):
+    res = convert(str(digits["model"]), target="jetson", precision="int8", calib=str(digits["calib"]),
+                  out=tmp_path / "b")
+    q = res.manifest["artifact"]["quantization"]
+    measured = q["calibration_measured_snr_db"]
+    assert set(measured) == {"minmax", "percentile", "percentile-99.99", "entropy"}
+    assert q["calibration_method"] == max(measured, key=measured.get)  # the best-measured method was used
+    assert q["calibration_chosen"].startswith("by measurement")
+    assert "## INT8 calibration" in (res.out_dir / "report.md").read_text()
+    # an explicit method is used as given and not measured
+    res = convert(str(digits["model"]), target="jetson", precision="int8", calib=str(digits["calib"]),
+                  out=tmp_path / "e", options={"calibration": "entropy"})
+    q = res.manifest["artifact"]["quantization"]
+    assert q["calibration_method"] == "entropy" and q["calibration_measured_snr_db"] is None
+    assert q["calibration_settings"] == {"num_bins": 2048, "num_quantized_bins": 128}
+
+
+def test_jetson_int8_failure_keeps_the_fewest_layers_float_and_passes(digits, tmp_path):
+    """plan_nets.digits_int8_fragile: trained digits weights where per-channel INT8 cannot hold the head
+    (all-INT8 accuracy collapses to ~10%). Mixed precision finds the head, keeps it out of Q/DQ, and the
+    real re-verification passes; --strict fails the same build instead."""
+    with pytest.raises(VerificationError, match="host verification failed"):
+        convert(FRAGILE, target="jetson", precision="int8", input_shape=SHAPE, calib=str(digits["calib"]),
+                eval_data=str(digits["eval"]), out=tmp_path / "strict", strict=True)
+    strict_man = json.loads((tmp_path / "strict" / "manifest.json").read_text())
+    assert not strict_man["verification"]["passed"] and "mixed_precision" not in strict_man["artifact"]
+
+    res = convert(FRAGILE, target="jetson", precision="int8", input_shape=SHAPE, calib=str(digits["calib"]),
+                  eval_data=str(digits["eval"]), out=tmp_path / "mixed")
+    v, art = res.verification, res.manifest["artifact"]
+    assert v.passed and res.manifest["verification"]["passed"]
+    assert v.float_accuracy - v.converted_accuracy <= 0.005  # within half a point of float
+    mp = art["mixed_precision"]
+    assert [k["name"] for k in mp["kept"]] == ["node_linear"] and mp["passed_after"]
+    assert mp["kept"][0]["gain_db"] > 20 and mp["snr_db_before"] < 3  # measured, not assumed
+    assert art["quantization"]["nodes_kept_float"] == ["node_linear"]
+    assert any("top-1 agrees with float on" in f for f in mp["int8_verification_failures"])
+    assert any(n.startswith("mixed precision: plain INT8 failed verification; 1 layer(s)") and "passed" in n
+               for n in res.notes)
+    report = (res.out_dir / "report.md").read_text()
+    assert "## Mixed precision" in report and "| node_linear | Gemm |" in report
+    assert (res.out_dir / "sensitivity.png").read_bytes()[:4] == b"\x89PNG"
+    assert "sensitivity.png" in res.manifest["files"]
+    # the kept node is really float in the artifact: no DequantizeLinear feeds its weight
+    import onnx
+
+    g = onnx.load(str(res.out_dir / "model.onnx")).graph
+    gemm = next(n for n in g.node if n.op_type == "Gemm")
+    producers = {o: n.op_type for n in g.node for o in n.output}
+    assert producers.get(gemm.input[1]) != "DequantizeLinear"
+
+
+def test_android_observer_is_chosen_by_measurement_and_recorded(digits, tmp_path):
+    res = convert(str(digits["model"]), target="android", precision="int8", calib=str(digits["calib"]),
+                  out=tmp_path / "a")
+    q = res.manifest["artifact"]["quantization"]
+    measured = q["calibration_measured_snr_db"]
+    assert set(measured) == {"histogram", "minmax"} and q["calibration_method"] == max(measured, key=measured.get)
+    assert res.verification.passed and res.manifest["artifact"]["full_integer"]
+
+
+@pytest.mark.slow
+def test_android_int8_failure_keeps_the_head_float(digits, tmp_path):
+    """The same fragile network on android: the head's FULLY_CONNECTED stays float between DEQUANTIZE and
+    QUANTIZE, the rest int8, and LiteRT's re-verification passes."""
+    res = convert(FRAGILE, target="android", precision="int8", input_shape=SHAPE, calib=str(digits["calib"]),
+                  eval_data=str(digits["eval"]), out=tmp_path / "mixed")
+    v, art = res.verification, res.manifest["artifact"]
+    assert v.passed and v.float_accuracy - v.converted_accuracy <= 0.005
+    assert [k["name"] for k in art["mixed_precision"]["kept"]] == ["linear"]
+    assert not art["full_integer"] and [o["op"] for o in art["float_ops"]] == ["DEQUANTIZE", "FULLY_CONNECTED"]
+    assert art["op_counts"]["CONV_2D"] == 2  # the convolutions stay int8
