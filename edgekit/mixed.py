@@ -125,7 +125,9 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             cache[key] = (output_snr_db(search.reference, got), passes(got))
         return cache[key]
 
-    base, _ = score([])
+    base, base_ok = score([])
+    if base_ok:  # the search samples do not show the failure: nothing here can point at a layer
+        return Outcome([], [], base, base, builds, time.perf_counter() - t0, search.keeps_as, True)
     ranked = sorted(search.layers, key=lambda lay: lay.local_sqnr_db)
     scanned = ranked[:measure]
     for i, lay in enumerate(scanned, 1):
@@ -204,6 +206,14 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
     outcome = keep_fewest(search, passes, log=log)
+    if not outcome.scanned:
+        msg = ("mixed precision: all-INT8 passes the checks on the calibration samples, so they cannot show which "
+               "layers fail on the held-out ones; no layer kept (calibrate on inputs like those that fail)")
+        warn(msg)
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
+                                            "search_samples": int(len(search.reference[0])), "passed_after": False}
+        return artifact, checked
     ranked = [lay for lay in sorted(search.layers, key=lambda x: x.local_sqnr_db) if lay not in outcome.kept]
     extra = sorted(ranked, key=lambda x: -(x.gain_db if x.gain_db is not None and np.isfinite(x.gain_db) else -1e9))
     t0 = time.perf_counter()

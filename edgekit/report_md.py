@@ -82,6 +82,10 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
     mp = art.get("mixed_precision")
     if not mp:
         return lines
+    if not mp["scanned"]:
+        return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification, but all-INT8 passes the checks on "
+                        f"the {mp['search_samples']} calibration samples the search uses: they cannot show which layers "
+                        "fail, so none was kept and the build stays failed."]
     lines += ["", "## Mixed precision", "",
               f"Plain INT8 failed verification ({'; '.join(mp['int8_verification_failures'])}). "
               f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, {mp['seconds']:.1f} s): "

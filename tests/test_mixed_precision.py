@@ -90,3 +90,29 @@ def test_android_int8_failure_keeps_the_head_float(digits, tmp_path):
     assert [k["name"] for k in art["mixed_precision"]["kept"]] == ["linear"]
     assert not art["full_integer"] and [o["op"] for o in art["float_ops"]] == ["DEQUANTIZE", "FULLY_CONNECTED"]
     assert art["op_counts"]["CONV_2D"] == 2  # the convolutions stay int8
+
+
+def test_search_keeps_the_fewest_layers_and_refuses_to_guess():
+    """edgekit.mixed.keep_fewest on a known error budget: layer 'a' alone breaks the output, 'b' adds a little
+    noise, 'c' none; only 'a' is kept. Where the search samples already pass, nothing is kept (no guessing)."""
+    import numpy as np
+
+    from edgekit.mixed import Layer, Search, keep_fewest
+
+    rng = np.random.default_rng(0)
+    ref = [rng.normal(size=(16, 10))]
+    noise = {"a": 0.5, "b": 0.02, "c": 0.0}
+
+    def outputs(kept):
+        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+
+    def passes(got):
+        return float(np.max(np.abs(got[0] - ref[0]))) < 0.1
+
+    layers = [Layer("c", "Conv", 40.0), Layer("b", "Conv", 30.0), Layer("a", "Gemm", 35.0)]  # local rank misleads
+    out = keep_fewest(Search(layers, outputs, ref, "float"), passes)
+    assert [k.name for k in out.kept] == ["a"] and out.passed_search and out.snr_db_after > out.snr_db_before
+    assert max(out.scanned, key=lambda x: x.gain_db).name == "a"
+    noise["a"] = 0.05  # now all-INT8 passes on the search samples
+    out = keep_fewest(Search([Layer("a", "Gemm", 35.0)], outputs, ref, "float"), passes)
+    assert out.kept == [] and out.scanned == [] and out.builds == 1
