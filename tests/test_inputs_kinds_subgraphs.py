@@ -53,3 +53,23 @@ def test_per_position_softmax_is_a_class_per_position():
     c = smoke.check_output("probs", "class", probs, flipped, tol)
     assert c["positions"] == 320 and c["top1_agreement"] == 319 / 320
     assert c["passed"]  # 99.7% of the per-position decisions agree
+
+
+def test_zoo_text_inputs_are_integer_token_ids(tmp_path):
+    """The MiniLM zoo model's inputs: real sentences (Python's own docstrings, the Zen of Python), BERT's uncased
+    WordPiece over a vocab.txt, [CLS] ... [SEP] padded with 0, int64 ids and mask."""
+    from edgekit.zoo import data as zdata
+
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "simple", "is", "better", "than", "complex", ".", "un", "##able",
+             "##s", "cafe"]
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    v = {t: i for i, t in enumerate(vocab)}
+    assert zdata._wordpiece("Simple is better than complex.", v) == [4, 5, 6, 7, 8, 9]
+    assert zdata._wordpiece("Unables CAFÉ zzz", v) == [10, 11, 12, 13, 1]  # pieces, accents stripped, [UNK]
+    sents = zdata.sentences(40)
+    assert len(sents) == 40 and "Simple is better than complex." in zdata.sentences()
+    toks = zdata.minilm_tokens(tmp_path / "vocab.txt", n=8, seq=12)
+    ids, mask = toks["input_ids"], toks["attention_mask"]
+    assert ids.dtype == mask.dtype == np.int64 and ids.shape == (8, 12)
+    assert (ids[:, 0] == 2).all() and all(ids[i, mask[i].sum() - 1] == 3 for i in range(8))
+    assert ((ids == 0) == (mask == 0)).all()

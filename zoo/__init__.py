@@ -40,6 +40,10 @@ class ZooModel:
     const: list[str] = field(default_factory=list)
     output_kind: list[str] = field(default_factory=list)
     factory: str | None = None  # pkg.module:factory that rebuilds the module around the file (a state_dict)
+    # pkg.module:function(cache) -> path of a torch.export program (.pt2) it writes once from the file: a rebuilt
+    # module whose inputs are not float (integer token ids), which the program's example inputs declare
+    program: str | None = None
+    files: list[str] = field(default_factory=list)  # other files of the wheel the data recipe reads: "path=sha256"
 
 
 def catalog() -> list[ZooModel]:
@@ -74,6 +78,28 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def other_files(m: ZooModel, log=lambda s: None) -> dict[str, Path]:
+    """The model's other pinned files (``files``), fetched and checked like the model file, by base name."""
+    import dataclasses
+
+    out = {}
+    for spec in m.files:
+        path, _, sha = spec.partition("=")
+        out[Path(path).name] = fetch(dataclasses.replace(m, path=path, sha256=sha), log)
+    return out
+
+
+def source(m: ZooModel, log=lambda s: None) -> str:
+    """What ``convert`` takes for the model: the fetched file, its factory, or the program built from the file."""
+    if m.program:
+        import importlib
+
+        mod, _, fn = m.program.partition(":")
+        fetch(m, log)
+        return str(getattr(importlib.import_module(mod), fn)(cache_dir()))
+    return m.factory or str(fetch(m, log))
 
 
 def model_file(m: ZooModel) -> Path:

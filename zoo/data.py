@@ -206,7 +206,86 @@ def speech_mel40(frames: int, cache: Path, n: int = SAMPLES) -> np.ndarray:
     return _windows(mels, frames, n).astype(np.float32)
 
 
-def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray:
+MINILM_SEQ = 32  # tokens per sentence fed to the MiniLM encoder ([CLS] ... [SEP], padded with [PAD] = 0)
+TEXT_MODULES = ("json", "os", "re", "collections", "itertools", "functools", "pathlib", "string", "textwrap",
+                "random", "math", "statistics", "datetime", "argparse", "logging", "csv", "zipfile", "shutil",
+                "subprocess", "threading", "heapq", "bisect", "difflib", "fractions", "decimal", "tempfile",
+                "inspect", "dataclasses", "contextlib", "typing", "urllib.parse", "http.client", "wave", "hashlib")
+
+
+def sentences(n: int = SAMPLES) -> list[str]:
+    """English sentences made offline: the first sentence of the docstrings of Python's own standard library
+    (modules and their public functions and classes), the Zen of Python (``this.s``) and the zoo's speech lines."""
+    import codecs
+    import importlib
+    import re
+
+    out: list[str] = []
+    with open(importlib.util.find_spec("this").origin) as f:  # importing `this` would print the Zen
+        src = f.read()
+    zen = codecs.decode(re.search(r's = """(.*?)"""', src, re.S).group(1), "rot13")
+    out += [ln.strip() for ln in zen.splitlines()[2:] if ln.strip()]
+    out += SENTENCES
+    for name in TEXT_MODULES:
+        mod = importlib.import_module(name)
+        for obj in [mod] + [getattr(mod, a) for a in sorted(dir(mod)) if not a.startswith("_")]:
+            doc = getattr(obj, "__doc__", None)
+            doc = " ".join(doc.split()) if isinstance(doc, str) else ""
+            first = re.split(r"(?<=[.!?])\s", doc, maxsplit=1)[0]
+            if 24 <= len(first) <= 160 and first[0].isupper() and first not in out and ">>>" not in first:
+                out.append(first)
+    rng = np.random.default_rng(0)
+    return [out[i] for i in rng.permutation(len(out))[:n]]
+
+
+def _wordpiece(text: str, vocab: dict[str, int]) -> list[int]:
+    """BERT's uncased tokenizer (lower case, accents stripped, split at spaces and punctuation, greedy longest
+    WordPiece match), the one all-MiniLM-L6-v2 was trained with; [UNK] for a word with no pieces."""
+    import unicodedata
+
+    text = "".join(c for c in unicodedata.normalize("NFD", text.lower()) if unicodedata.category(c) != "Mn")
+    words = []
+    for w in text.split():
+        cur = ""
+        for c in w:
+            if unicodedata.category(c).startswith("P") or (33 <= ord(c) <= 47) or (58 <= ord(c) <= 64) \
+                    or (91 <= ord(c) <= 96) or (123 <= ord(c) <= 126):
+                words += [cur, c] if cur else [c]
+                cur = ""
+            else:
+                cur += c
+        if cur:
+            words.append(cur)
+    ids = []
+    for w in words:
+        start, pieces = 0, []
+        while start < len(w):
+            end = len(w)
+            while end > start and ((w[start:end] if start == 0 else "##" + w[start:end]) not in vocab):
+                end -= 1
+            if end == start:
+                pieces = [vocab["[UNK]"]]
+                break
+            pieces.append(vocab[w[start:end] if start == 0 else "##" + w[start:end]])
+            start = end
+        ids += pieces
+    return ids
+
+
+def minilm_tokens(vocab_file: Path, n: int = SAMPLES, seq: int = MINILM_SEQ) -> dict[str, np.ndarray]:
+    """``input_ids`` and ``attention_mask`` [n, seq] int64 for :func:`sentences`, tokenized with the wheel's
+    vocab.txt: [CLS] tokens [SEP], cut at ``seq``, padded with 0 (mask 0)."""
+    vocab = {tok.rstrip("\n"): i for i, tok in enumerate(open(vocab_file, encoding="utf-8"))}
+    ids = np.zeros((n, seq), np.int64)
+    mask = np.zeros((n, seq), np.int64)
+    for i, s in enumerate(sentences(n)):
+        toks = [vocab["[CLS]"]] + _wordpiece(s, vocab)[:seq - 2] + [vocab["[SEP]"]]
+        ids[i, :len(toks)] = toks
+        mask[i, :len(toks)] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict[str, np.ndarray]:
     """The input array a recipe names (``name:arg:arg``); ``files`` holds zoo models a recipe runs."""
     name, *args = recipe.split(":")
     a = [int(v) for v in args]
@@ -216,6 +295,8 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray:
         return globals()[name](a[0], cache)
     if name == "oww_mel_windows":
         return oww_mel_windows(cache, files["oww-melspec"])
+    if name == "minilm_tokens":
+        return minilm_tokens(files["vocab.txt"])
     if name == "oww_embeddings":
         return oww_embeddings(a[0], cache, files["oww-melspec"], files["oww-embedding"])
     raise ValueError(f"unknown zoo data recipe {recipe!r}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from edgekit.zoo import ZooModel, cache_dir, fetch, select
+from edgekit.zoo import ZooModel, cache_dir, fetch, other_files, select, source
 from edgekit.zoo import data as zdata
 
 # per target: the float precision (its default float path) and int8
@@ -29,12 +29,13 @@ def prepare_data(m: ZooModel, log=lambda s: None) -> Path:
         return dest
     # openWakeWord's heads take features its own front end makes: those two zoo models run in the recipe
     files = {z.name: fetch(z) for z in select(["oww-melspec", "oww-embedding"])} if m.data.startswith("oww_") else {}
+    files.update(other_files(m, log))
     log(f"{m.name}: building inputs ({m.data})")
     arr = zdata.build(m.data, cache_dir(), files)
-    name = _first_input(m)
+    arrays = arr if isinstance(arr, dict) else {_first_input(m): arr}  # a recipe for several inputs names them
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(dest.stem + ".part.npz")
-    np.savez(tmp, **{name: arr})
+    np.savez(tmp, **arrays)
     tmp.replace(dest)
     return dest
 
@@ -57,8 +58,7 @@ def _first_input(m: ZooModel) -> str:
 
 
 def run_cell(m: ZooModel, target: str, precision: str, data: Path, out: Path, timeout: int = CELL_TIMEOUT_S) -> dict:
-    src = m.factory or str(fetch(m))
-    spec = {"model": src, "target": target, "precision": precision, "out": str(out / f"{m.name}-{target}-{precision}"),
+    spec = {"model": source(m), "target": target, "precision": precision, "out": str(out / f"{m.name}-{target}-{precision}"),
             "data": str(data), "input_shape": m.input_shape, "const": m.const,
             "output_kinds": dict(k.split("=", 1) for k in m.output_kind)}
     t0 = time.perf_counter()
@@ -99,9 +99,8 @@ def run(models: list[str] | None = None, targets: list[str] | None = None, out: 
                             or (precisions and c["precision"] not in precisions)]
     results.update(date=date.today().isoformat(), edgekit=__version__)
     for m in chosen:
-        path = fetch(m, log) if not m.factory else None
+        size = fetch(m, log).stat().st_size
         data = prepare_data(m, log)
-        size = (path or fetch(m)).stat().st_size
         for t in targets:
             for p in CELLS[t]:
                 if precisions and p not in precisions:
