@@ -77,6 +77,12 @@ def photo_rgb_255(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     return np.ascontiguousarray(_crops(h, w, n, seed=1).transpose(0, 3, 1, 2), dtype=np.float32)
 
 
+def photo_gray_pm1(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """Grayscale crops in [-1, 1], NHWC [N, h, w, 1] (fer's preprocessing: x / 255, - 0.5, x 2)."""
+    x = _crops(h, w, n, seed=3).mean(axis=3, keepdims=True) / 255.0
+    return np.ascontiguousarray((x - 0.5) * 2.0, dtype=np.float32)
+
+
 def _text_lines(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
     """Bands of text from scikit-image's scanned page and its text photograph, cut at the gaps between lines
     (horizontal ink profile), windows along each line, dark text on light paper, [N, h, w] 0..255."""
@@ -289,7 +295,7 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
     """The input array a recipe names (``name:arg:arg``); ``files`` holds zoo models a recipe runs."""
     name, *args = recipe.split(":")
     a = [int(v) for v in args]
-    if name in ("photo_rgb_imagenet", "photo_rgb_255", "text_lines_rgb", "text_lines_gray"):
+    if name in ("photo_rgb_imagenet", "photo_rgb_255", "photo_gray_pm1", "text_lines_rgb", "text_lines_gray"):
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
         return globals()[name](a[0], cache)

@@ -47,7 +47,7 @@ def _first_input(m: ZooModel) -> str:
     named = [n for n, _ in parse_shapes(m.input_shape) if n]
     if named:
         return named[0]
-    if m.factory:
+    if m.factory or not m.path.endswith(".onnx"):  # a single-input model takes its one array by any name
         return "input_0"
     import onnx
 
