@@ -281,7 +281,7 @@ def _preprocessed(job: ConvertJob, src: Path) -> Path:
     return pre
 
 
-def _search_feeds(job: ConvertJob, n: int = 64) -> list[dict[str, np.ndarray]]:
+def _search_feeds(job: ConvertJob, n: int = 32) -> list[dict[str, np.ndarray]]:
     """Up to ``n`` calibration samples spread over the file (never the golden or eval samples: the pipeline
     holds those out of --calib), for measuring calibration methods and layer sensitivity."""
     from edgekit.data import draw

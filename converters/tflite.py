@@ -604,7 +604,7 @@ class TFLiteConverter:
                                   "torchao")
 
 
-def _search_feeds(job: ConvertJob, n: int = 64) -> list[dict[str, np.ndarray]]:
+def _search_feeds(job: ConvertJob, n: int = 32) -> list[dict[str, np.ndarray]]:
     """Up to ``n`` calibration samples spread over the file (the pipeline holds golden and eval samples out of
     --calib), for measuring observers and layer sensitivity."""
     from edgekit.data import draw

@@ -109,7 +109,7 @@ def weight_sqnr_db(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: int = 1)
 
 
 def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
-                max_kept: int = 16, log: Callable[[str], None] = lambda m: None) -> Outcome:
+                max_kept: int = 16, log: Callable[[str], None] = lambda m: None, budget_s: float = 300.0) -> Outcome:
     """Steps 1 and 2 of the module's procedure: the layers to keep, chosen on the search samples.
     ``passes(outputs)``: the target's output checks on the search samples."""
     t0 = time.perf_counter()
@@ -131,16 +131,23 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
     ranked = sorted(search.layers, key=lambda lay: lay.local_sqnr_db)
     scanned = ranked[:measure]
     for i, lay in enumerate(scanned, 1):
+        if time.perf_counter() - t0 > budget_s / 2:  # a large graph: the scan gets half the time budget
+            log(f"sensitivity scan stopped after {i - 1} layers (time budget {budget_s:.0f} s)")
+            scanned = scanned[:i - 1]
+            break
         lay.alone_snr_db, _ = score([lay.name])
         lay.gain_db = lay.alone_snr_db - base
         log(f"sensitivity {i}/{len(scanned)}: {lay.name} ({lay.op}) kept alone: output SNR "
             f"{lay.alone_snr_db:.1f} dB ({lay.gain_db:+.1f})")
     order = sorted(scanned, key=lambda lay: -(lay.gain_db if np.isfinite(lay.gain_db) else 1e9))
-    order += [lay for lay in ranked[measure:]]  # beyond the measured ones: by local rank
+    order += [lay for lay in ranked if lay not in scanned]  # beyond the measured ones: by local rank
     kept: list[Layer] = []
     steps = []
     ok, snr = False, base
     for lay in order[:max_kept]:
+        if time.perf_counter() - t0 > budget_s:
+            log(f"search stopped at {len(kept)} kept layer(s): time budget {budget_s:.0f} s")
+            break
         kept.append(lay)
         snr, ok = score([k.name for k in kept])
         steps.append({"kept": len(kept), "layer": lay.name, "snr_db": snr, "passed": ok})
@@ -217,11 +224,13 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     ranked = [lay for lay in sorted(search.layers, key=lambda x: x.local_sqnr_db) if lay not in outcome.kept]
     extra = sorted(ranked, key=lambda x: -(x.gain_db if x.gain_db is not None and np.isfinite(x.gain_db) else -1e9))
     t0 = time.perf_counter()
-    for _ in range(extra_steps + 1):
+    more = extra_steps if outcome.passed_search else 0  # more layers only where the search samples passed
+    while True:
         artifact = conv.keep_layers(job, artifact, [k.name for k in outcome.kept])
         checked = reverify(artifact)
-        if checked.verification.passed or not extra:
+        if checked.verification.passed or not extra or more == 0:
             break
+        more -= 1
         outcome.kept.append(extra.pop(0))  # the search samples passed, the golden ones do not: one more layer
         log(f"re-verification failed with {len(outcome.kept) - 1} kept; adding {outcome.kept[-1].name}")
     outcome.seconds += time.perf_counter() - t0
