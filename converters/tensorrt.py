@@ -29,7 +29,8 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
-from edgekit.mixed import Layer, Search, output_snr_db, quant_sqnr_db, weight_sqnr_db
+from edgekit.mixed import Layer, Search, channel_energy, output_snr_db, quant_noise, weight_sqnr_db
+from edgekit.mixed import db as mixed_db
 from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, toposort
 
 PRIMARY = "model.onnx"
@@ -157,32 +158,44 @@ class TensorRTConverter:
 
         sess = ort.InferenceSession(str(aug), providers=["CPUExecutionProvider"])
         names = [o.name for o in sess.get_outputs()]
-        acts: dict[str, list[np.ndarray]] = {}
+        # statistics summed batch by batch (a detector's every activation at once would not fit in memory)
+        act = {n.name: [0.0, 0.0] for n in nodes}
+        energy: dict[str, list] = {}
         for f in search[:8]:
-            for n, v in zip(names, sess.run(names, f), strict=True):
-                acts.setdefault(n, []).append(v)
+            vals = dict(zip(names, sess.run(names, f), strict=True))
+            for n in nodes:
+                t = n.output[0] if n.output else None
+                if t in vals and t in ranges.data:
+                    lo, hi = ranges.data[t].range_value
+                    sig, noise = quant_noise(vals[t], float(np.max(np.abs([lo, hi]))))
+                    act[n.name][0] += sig
+                    act[n.name][1] += noise
+                if n.op_type in WEIGHTED:
+                    for t in (n.input[0], n.output[0]):
+                        if t in vals and np.ndim(vals[t]) >= 2:
+                            x = vals[t]
+                            x = x.reshape(-1, x.shape[-1]) if n.op_type in ("Gemm", "MatMul") else x
+                            e, c = channel_energy(x)
+                            acc = energy.setdefault(t, [np.zeros_like(e), 0])
+                            if acc[0].shape == e.shape:
+                                acc[0] += e
+                                acc[1] += c
+            del vals
         layers = []
         for n in nodes:
-            scores = []
-            if n.output and n.output[0] in acts and n.output[0] in ranges.data:
-                lo, hi = ranges.data[n.output[0]].range_value
-                scores.append(quant_sqnr_db(np.concatenate([a.ravel() for a in acts[n.output[0]]]),
-                                            float(np.max(np.abs([lo, hi])))))
+            scores = [mixed_db(*act[n.name])] if act[n.name] != [0.0, 0.0] else []
             w = next((inits[i] for i in n.input[1:2] if i in inits), None)
-            if w is not None and n.op_type in WEIGHTED and n.input[0] in acts and n.output[0] in acts:
+            if w is not None and n.op_type in WEIGHTED and n.input[0] in energy and n.output[0] in energy:
                 arr = onnx.numpy_helper.to_array(w)
-                x = np.concatenate(acts[n.input[0]])
-                y = np.concatenate(acts[n.output[0]])
                 groups = next((a.i for a in n.attribute if a.name == "group"), 1)
                 if n.op_type == "ConvTranspose":
-                    arr, groups = None, 1  # its weight is [in, out/groups, ...]: not ranked by weights
+                    arr = None  # its weight is [in, out/groups, ...]: not ranked by weights
                 elif n.op_type == "MatMul" or (n.op_type == "Gemm" and not any(
                         a.name == "transB" and a.i for a in n.attribute)):
                     arr = arr.T if arr.ndim == 2 else None  # [in, out] -> [out, in]
-                if n.op_type in ("Gemm", "MatMul"):
-                    x, y = x.reshape(-1, x.shape[-1]), y.reshape(-1, y.shape[-1])
-                if arr is not None and x.ndim >= 2:
-                    scores.append(weight_sqnr_db(arr, x, y, groups))
+                e_in, e_out = energy[n.input[0]], energy[n.output[0]]
+                if arr is not None and e_in[1] and e_out[1] and arr.shape[1] * groups == len(e_in[0]):
+                    scores.append(weight_sqnr_db(arr, e_in[0] / e_in[1], float(np.sum(e_out[0] / e_out[1])), groups))
             if scores:
                 layers.append(Layer(n.name, n.op_type, round(float(min(scores)), 2)))
         ref = _run(pre, search)

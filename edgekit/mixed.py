@@ -77,35 +77,41 @@ def output_snr_db(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
     return worst
 
 
-def quant_sqnr_db(x: np.ndarray, amax: float) -> float:
-    """SQNR (dB) of ``x`` fake-quantized to symmetric INT8 with range ±amax: how much of it 8 bits keep."""
-    x = np.asarray(x, np.float64)
-    if amax <= 0 or not np.isfinite(amax):
-        return float("inf") if not np.any(x) else float("-inf")
-    s = amax / 127.0
-    noise = float(np.sum((np.clip(np.round(x / s), -127, 127) * s - x) ** 2))
-    signal = float(np.sum(x ** 2))
+def db(signal: float, noise: float) -> float:
+    """10 log10(signal / noise), +inf where there is no noise."""
     return float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
 
 
-def weight_sqnr_db(w: np.ndarray, x: np.ndarray, y: np.ndarray, groups: int = 1) -> float:
+def quant_noise(x: np.ndarray, amax: float) -> tuple[float, float]:
+    """(signal, noise) energies of ``x`` fake-quantized to symmetric INT8 with range ±amax."""
+    x = np.asarray(x, np.float64)
+    if amax <= 0 or not np.isfinite(amax):
+        return float(np.sum(x ** 2)), (0.0 if not np.any(x) else float("inf"))
+    s = amax / 127.0
+    return float(np.sum(x ** 2)), float(np.sum((np.clip(np.round(x / s), -127, 127) * s - x) ** 2))
+
+
+def channel_energy(x: np.ndarray) -> tuple[np.ndarray, int]:
+    """Sum of squares per channel (axis 1) of ``x`` and the count each sum is over."""
+    x = np.asarray(x, np.float64)
+    flat = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
+    return (flat ** 2).sum(axis=1), flat.shape[1]
+
+
+def weight_sqnr_db(w: np.ndarray, in_energy: np.ndarray, out_energy: float, groups: int = 1) -> float:
     """SQNR (dB) of a layer's output when its weights ``w`` ([out, in/groups, ...], per-output-channel symmetric
-    INT8) are quantized, for its real input ``x`` ([N, in, ...]) and float output ``y`` ([N, out, ...]): the
-    weight error of each input channel weighted by that channel's energy. The weights' own SQNR misleads where
-    a large weight meets an input that is always zero (its scale rounds every real weight of the row to 0)."""
+    INT8) are quantized, for inputs of mean square ``in_energy`` per input channel and a float output of mean
+    square ``out_energy`` summed over output channels: the weight error of each input channel weighted by that
+    channel's energy. The weights' own SQNR misleads where a large weight meets an input that is always zero
+    (its scale rounds every real weight of the row to 0)."""
     w = np.asarray(w, np.float64)
     rows = w.reshape(w.shape[0], w.shape[1], -1)
     s = np.abs(rows).max(axis=(1, 2), keepdims=True) / 127.0
     s[s == 0] = 1.0
     err2 = ((np.round(rows / s) * s - rows) ** 2).sum(axis=2)  # [out, in/groups]
-    x = np.asarray(x, np.float64)
-    energy = np.moveaxis(x, 1, 0).reshape(x.shape[1], -1)
-    energy = (energy ** 2).mean(axis=1).reshape(groups, -1)  # [groups, in/groups]
+    energy = np.asarray(in_energy, np.float64).reshape(groups, -1)  # [groups, in/groups]
     group_of = np.arange(w.shape[0]) // max(1, w.shape[0] // groups)
-    noise = float(np.sum(err2 * energy[group_of]))
-    y = np.asarray(y, np.float64)
-    signal = float((np.moveaxis(y, 1, 0).reshape(y.shape[1], -1) ** 2).mean(axis=1).sum())
-    return float("inf") if noise == 0 else (10 * np.log10(signal / noise) if signal > 0 else float("-inf"))
+    return db(out_energy, float(np.sum(err2 * energy[group_of])))
 
 
 def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
