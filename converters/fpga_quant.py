@@ -28,7 +28,9 @@ from edgekit.deps import require
 from edgekit.errors import ConversionError, UnsupportedOpError
 from edgekit.onnx_graph import cap_ir_version
 
-FPGA_OPS = ("Conv", "Gemm", "MatMul", "Add", "Relu", "MaxPool", "Flatten", "Reshape")
+FPGA_OPS = ("Conv", "Gemm", "MatMul", "Add", "Relu", "MaxPool", "Flatten", "Reshape", "Sigmoid", "Softmax")
+# activations that hls4ml computes from lookup tables (1024 entries): they end the chain, after the logits
+TABLE_ACTS = {"Sigmoid": "sigmoid", "Softmax": "softmax"}
 BITS = {"int8": 8, "int4": 4}
 
 
@@ -94,6 +96,11 @@ def read_chain(onnx_path: Path) -> list[Layer]:
             layers[-1].bias = layers[-1].bias + const.reshape(-1)
         elif n.op_type == "Relu":
             layers.append(Layer("relu", n.name))
+        elif n.op_type in TABLE_ACTS:
+            if n.op_type == "Softmax" and a.get("axis", -1) not in (-1, 1):
+                raise UnsupportedOpError(f"Softmax {n.name}: axis {a['axis']}; hls4ml's io_parallel softmax runs over "
+                                         "the features of a [batch, features] tensor (axis -1)")
+            layers.append(Layer(TABLE_ACTS[n.op_type], n.name))
         elif n.op_type == "MaxPool":
             if any(p for p in a.get("pads", [0])) or a.get("ceil_mode", 0):
                 raise UnsupportedOpError(f"MaxPool {n.name}: padding / ceil_mode is not supported")
@@ -104,6 +111,14 @@ def read_chain(onnx_path: Path) -> list[Layer]:
         cur = n.output[0]
     if not any(lay.kind in ("conv", "linear") for lay in layers):
         raise UnsupportedOpError("the model has no Conv or Linear layer: nothing to put on the fabric")
+    last = max(i for i, lay in enumerate(layers) if lay.kind in ("conv", "linear"))
+    early = [lay for lay in layers[:last] if lay.kind in TABLE_ACTS.values()]
+    tail = [lay.kind for lay in layers[last + 1:]]
+    if early or tail not in ([], ["relu"], ["sigmoid"], ["softmax"], ["relu", "sigmoid"], ["relu", "softmax"]):
+        where = early[0] if early else layers[last + 1]
+        raise UnsupportedOpError(
+            f"{where.kind} (node {where.name}): the fabric path takes Sigmoid / Softmax only as the last layer, after "
+            "the logits (and a ReLU on them); a limitation of edgekit's converter, not of hls4ml")
     return layers
 
 
@@ -130,8 +145,9 @@ def build_brevitas(layers: list[Layer], bits: int, signed_input: bool, po2: bool
     mods: list[Any] = [qnn.QuantIdentity(act_quant=sact if signed_input else uact, bit_width=8,
                                          return_quant_tensor=True)]
     lin_idx = [i for i, lay in enumerate(layers) if lay.kind in ("conv", "linear")]
+    tail = [lay.kind for lay in layers[lin_idx[-1] + 1:]]
     for i, lay in enumerate(layers):
-        last = i == lin_idx[-1]
+        last = i == lin_idx[-1] and "relu" not in tail  # a ReLU after the logits re-quantizes them
         common = {"weight_quant": wq, "weight_bit_width": bits, "bias_quant": Int16Bias,
                   "return_quant_tensor": not last}
         if lay.kind == "conv":
@@ -141,7 +157,9 @@ def build_brevitas(layers: list[Layer], bits: int, signed_input: bool, po2: bool
         elif lay.kind == "linear":
             m = qnn.QuantLinear(lay.weight.shape[1], lay.weight.shape[0], bias=True, **common)
         elif lay.kind == "relu":
-            m = qnn.QuantReLU(act_quant=uact, bit_width=bits, return_quant_tensor=True)
+            m = qnn.QuantReLU(act_quant=uact, bit_width=bits, return_quant_tensor=i < len(layers) - 1)
+        elif lay.kind in ("sigmoid", "softmax"):
+            m = TableActivation(lay.kind)
         elif lay.kind == "maxpool":
             m = torch.nn.MaxPool2d(lay.attrs["kernel"], stride=lay.attrs["stride"])  # QuantTensor passes through
         else:
@@ -152,13 +170,31 @@ def build_brevitas(layers: list[Layer], bits: int, signed_input: bool, po2: bool
                 m.bias.copy_(torch.tensor(lay.bias))
         mods.append(m)
         nxt = layers[i + 1].kind if i + 1 < len(layers) else None
-        if lay.kind in ("conv", "linear") and not last and nxt != "relu":
+        if lay.kind in ("conv", "linear") and i != lin_idx[-1] and nxt != "relu":
             # a linear layer feeding another without ReLU: re-quantize the signed activation
             mods.append(qnn.QuantIdentity(act_quant=sact, bit_width=bits, return_quant_tensor=True))
-    if lin_idx[-1] != len(layers) - 1:
-        raise UnsupportedOpError("the model must end with its last Conv/Linear layer (logits); "
-                                 f"found {[lay.kind for lay in layers[lin_idx[-1] + 1:]]} after it")
     return torch.nn.Sequential(*mods).eval()
+
+
+def _table_activation_class():
+    torch = require("torch")
+
+    class TableActivation(torch.nn.Module):
+        """Sigmoid / softmax on the (dequantized) logits: float in QONNX, a lookup table in hls4ml."""
+
+        def __init__(self, kind: str) -> None:
+            super().__init__()
+            self.kind = kind
+
+        def forward(self, x):
+            x = getattr(x, "value", x)  # a brevitas QuantTensor after a QuantReLU
+            return torch.sigmoid(x) if self.kind == "sigmoid" else torch.softmax(x, dim=-1)
+
+    return TableActivation
+
+
+def TableActivation(kind: str):  # noqa: N802 - a module factory (torch is imported lazily)
+    return _table_activation_class()(kind)
 
 
 def calibrate(qmodel, calib: np.ndarray) -> None:

@@ -28,7 +28,7 @@ import numpy as np
 
 from edgekit.converters import Artifact, ConvertJob, Runner
 from edgekit.deps import require, toolchain_versions
-from edgekit.errors import ConversionError, InputSpecError, ProfileError, VerificationError
+from edgekit.errors import ConversionError, InputSpecError, ProfileError, UnsupportedOpError, VerificationError
 from edgekit.quiet import quiet_python
 
 PRIMARY = "model.qonnx.onnx"
@@ -37,6 +37,11 @@ PROJECT = "edgekit_fabric"
 FABRIC_GOLDEN = "fabric_golden.npz"
 RESOURCES = "resources.json"
 CHECK_SAMPLES = 64  # calibration samples checked bit-exact inside convert()
+# hls4ml's sigmoid / softmax are 1024-entry lookup tables: the sigmoid table steps its input by 1/64 (slope <= 1/4:
+# error <= 1/256); softmax adds an exp and an inverse table of 18-bit entries. Their result type: [0, 1), 16 bits.
+TABLE_RESULT = "ufixed<16,0,RND,SAT>"
+TABLE_TOL = {"Sigmoid": 2 ** -7, "Softmax": 2 ** -5}
+TRACED_SAMPLES = 4  # calibration samples whose every layer before the table is traced and compared bit for bit
 
 
 class Hls4mlConverter:
@@ -93,8 +98,11 @@ class Hls4mlConverter:
         fifo_bits = _fifo_bits(mw, bits) if is_cnn else []
         est, tried = fr.pick_reuse(costs, fpga, is_cnn, fifo_bits)
         if not est.fits:
-            job.warn(f"resource ESTIMATE does not fit {job.board.id} even at reuse factor {est.reuse_factor} "
-                     f"({est.limiting} over {fr.FIT_SHARE:.0%}); the model is too large for this fabric")
+            raise UnsupportedOpError(
+                f"the model does not fit {job.board.id}: even at reuse factor {est.reuse_factor} (the largest) the "
+                f"resource ESTIMATE is {est.dsp} DSP, {est.bram36} BRAM36, {est.lut} LUT, {est.ff} FF against "
+                f"{fpga.dsp} DSP, {fpga.bram36} BRAM36, {fpga.lut} LUT, {fpga.ff} FF on the board ({est.limiting} "
+                f"over the {fr.FIT_SHARE:.0%} usable); choose a larger FPGA board or a smaller model")
         job.log(f"resource estimate at reuse {est.reuse_factor}: {est.dsp} DSP, {est.bram36} BRAM36, "
                 f"{est.lut} LUT, {est.ff} FF ({'fits' if est.fits else 'does NOT fit'} {job.board.id})")
 
@@ -109,6 +117,21 @@ class Hls4mlConverter:
             for lay_cfg in cfg["LayerName"].values():
                 lay_cfg["Trace"] = True  # lets a mismatch be traced to its first layer
             # the input layer takes the input quantizer's type (not the 16,6 default): exact, no wrap
+            for n in mw.graph.node:  # lookup-table activations on the logits: an unsigned [0, 1] result
+                if n.op_type in fq.TABLE_ACTS:
+                    lay_cfg = cfg["LayerName"].setdefault(n.name, {})
+                    if not isinstance(lay_cfg.get("Precision"), dict):
+                        lay_cfg["Precision"] = {}
+                    lay_cfg["Precision"]["result"] = TABLE_RESULT
+                    if n.op_type == "Softmax":
+                        # hls4ml indexes its exp and 1/x tables by the top 10 bits of their input types: give
+                        # them the ranges they meet (x_max - x in [0, 16), a sum of n exps in [1, n]), not 18,8
+                        shape = mw.get_tensor_shape(n.output[0]) or [1, 2]
+                        sum_bits = max(1, math.ceil(math.log2(int(shape[-1]) + 1)))
+                        lay_cfg.update({"inp_norm_t": "ufixed<18,4,RND,SAT>", "exp_table_t": "ufixed<18,1,RND,SAT>",
+                                        "inv_table_t": "ufixed<18,1,RND,SAT>",
+                                        "inv_inp_t": f"ufixed<18,{sum_bits},RND,SAT>"})
+                        lay_cfg["Precision"]["accum"] = f"ufixed<18,{sum_bits},RND,SAT>"
             in_name = mw.graph.input[0].name
             if fq.is_pow2(iq["scale"]):
                 cfg["LayerName"].setdefault(in_name, {}).setdefault("Precision", {})["result"] = _input_type(iq)
@@ -126,14 +149,18 @@ class Hls4mlConverter:
             raise VerificationError(f"hls4ml left layers with a fixed precision that may wrap: {wraps}; "
                                     "every layer needs a precision inferred from its quantizer")
 
-        state = {"hm": hm, "mw": mw, "iq": iq, "cnn": is_cnn, "checked": 0, "first_mismatch": None}
+        table = next((n for n in mw.graph.node if n.op_type in fq.TABLE_ACTS), None)
+        state = {"hm": hm, "mw": mw, "iq": iq, "cnn": is_cnn, "checked": 0, "first_mismatch": None,
+                 "table": {"node": table.name, "op": table.op_type, "tolerance": TABLE_TOL[table.op_type]}
+                 if table is not None else None}
         self._compiled[str(job.out_dir)] = state
         x = self._fabric_input(state, calib[:CHECK_SAMPLES])
         ref, got = fq.qonnx_execute(mw, x), self._predict(state, x)
         _require_exact(state, x, ref, got, f"{len(x)} calibration samples")
         job.log(f"C simulation bit-exact against QONNX execution on {len(x)} calibration samples")
         n = min(16, len(x))
-        np.savez(job.out_dir / FABRIC_GOLDEN, input=x[:n].reshape(n, -1), output=ref[:n].reshape(n, -1))
+        # the board's fabric runs the same HLS code as the C simulation: its outputs are the board's golden
+        np.savez(job.out_dir / FABRIC_GOLDEN, input=x[:n].reshape(n, -1), output=got[:n].reshape(n, -1))
 
         # the HLS project goes into the bundle, without the host's compiled library
         shutil.copytree(prj, job.out_dir / HLS_DIR, ignore=shutil.ignore_patterns("*.so", "*.o", "__pycache__"))
@@ -168,6 +195,7 @@ class Hls4mlConverter:
             "layers": [{"name": lay.name, "kind": lay.kind} for lay in layers],
             "precisions": _layer_precisions(hm),
             "bit_exact": state["bit_exact"],
+            "table_check": state.get("table_check"),
             "csim_compile_s": round(compile_s, 2),
             "resources_estimate": est.to_json(),
             "bitstream": {"built": False, "reason": why, "build_script": "build.sh"},
@@ -191,6 +219,7 @@ class Hls4mlConverter:
             ref, got = fq.qonnx_execute(state["mw"], x), self._predict(state, x)
             _require_exact(state, x, ref, got, "verification inputs")
             artifact.meta["bit_exact"] = state["bit_exact"]
+            artifact.meta["table_check"] = state.get("table_check")
             return [got.reshape(ref.shape)]
 
         return run
@@ -218,8 +247,37 @@ class Hls4mlConverter:
 
 
 def _require_exact(state: dict[str, Any], x: np.ndarray, ref: np.ndarray, got: np.ndarray, what: str) -> None:
+    """Bit-exact C simulation against QONNX execution. With a lookup-table activation at the end (sigmoid,
+    softmax), every layer up to the logits must be bit-exact (traced) and the table's output within its
+    resolution of the exact function on those logits."""
     ref = ref.reshape(len(x), -1).astype(np.float32)
     got = got.reshape(len(x), -1)
+    table = state.get("table")
+    if table is not None:
+        close = np.max(np.abs(ref - got), axis=1) <= table["tolerance"]
+        be = state.setdefault("table_check", {"samples": 0, "within": 0, "max_abs_diff": 0.0, **table})
+        be["samples"] += len(x)
+        be["within"] += int(close.sum())
+        be["max_abs_diff"] = max(be["max_abs_diff"], float(np.max(np.abs(ref - got))) if ref.size else 0.0)
+        if not close.all():
+            i = int(np.argmin(close))
+            raise VerificationError(
+                f"hls4ml's {table['op']} table (node {table['node']}) is off by "
+                f"{float(np.max(np.abs(ref[i] - got[i]))):.4g} from the exact {table['op']} of the fabric's logits "
+                f"(tolerance {table['tolerance']:g}) on {len(x) - int(close.sum())} of {len(x)} {what}")
+        # the layers before the table, bit for bit, traced once per build (hls4ml's trace() recompiles the library)
+        traced = 0 if state.get("traced") else min(len(x), TRACED_SAMPLES)
+        state["traced"] = True
+        for k in range(traced):
+            layer = first_mismatch(state["hm"], state["mw"], x[k:k + 1], skip=table["node"])
+            if layer is not None:
+                raise VerificationError(f"hls4ml C simulation is not bit-exact against QONNX execution before the "
+                                        f"{table['op']} table on {what}; the mismatch starts at {layer}")
+        be = state.setdefault("bit_exact", {"samples": 0, "exact": 0, "max_abs_diff": 0.0,
+                                            "checked": f"every layer before the {table['op']} table, traced"})
+        be["samples"] += traced
+        be["exact"] += traced
+        return
     exact = np.all(ref == got, axis=1)
     be = state.setdefault("bit_exact", {"samples": 0, "exact": 0, "max_abs_diff": 0.0})
     be["samples"] += len(x)
@@ -234,7 +292,7 @@ def _require_exact(state: dict[str, Any], x: np.ndarray, ref: np.ndarray, got: n
             f"{layer}. Use power-of-two scales and quantized biases (the default); float scales are never exact")
 
 
-def first_mismatch(hm, mw, x1: np.ndarray) -> str:
+def first_mismatch(hm, mw, x1: np.ndarray, skip: str | None = None) -> str | None:
     """The first hls4ml layer whose C-simulation output matches no QONNX tensor it stands for.
 
     hls4ml fuses nodes (MatMul + bias Add -> Dense, Relu + Quant -> Relu with the quantized
@@ -252,8 +310,8 @@ def first_mismatch(hm, mw, x1: np.ndarray) -> str:
         base = name.removesuffix("_act")
         for prefix in ("Dense_", "Conv2D_", "Conv1D_"):
             base = base.removeprefix(prefix)
-        if base not in index:
-            continue  # hls4ml-only layer (zero padding, transposes)
+        if base not in index or base == skip:
+            continue  # hls4ml-only layer (zero padding, transposes), or the lookup table judged apart
         a = np.asarray(value, np.float64).reshape(-1)
         cands = []
         for k in range(index[base], len(nodes)):
@@ -265,7 +323,7 @@ def first_mismatch(hm, mw, x1: np.ndarray) -> str:
         if cands and not any(np.array_equal(a, c) for c in cands):
             diff = min(float(np.max(np.abs(a - c))) for c in cands)
             return f"hls4ml layer {name} (QONNX node {base}, {nodes[index[base]].op_type}; max |diff| {diff:.6g})"
-    return "the output (every traced intermediate layer matches)"
+    return None if skip is not None else "the output (every traced intermediate layer matches)"
 
 
 def _fifo_bits(mw, bits: int) -> list[int]:

@@ -205,6 +205,9 @@ class Target(_Strict):
     supported_tflite_ops: list[str] | None = Field(
         default=None, description="TFLite builtin ops the target runs, checked on the float .tflite of Keras / "
         "SavedModel input (analyzed as TFLite, not ONNX); None = not checked")
+    converter_gaps: dict[str, str] = Field(
+        default_factory=dict, description="op -> why edgekit refuses it although the target's runtime has it (a "
+        "limitation of edgekit's converter, said so in the refusal)")
     tolerances: dict[Precision, Tolerance]
 
     @model_validator(mode="after")

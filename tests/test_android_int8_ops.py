@@ -99,3 +99,18 @@ def test_int8_accuracy_close_to_float(ops_int8):
     drop = 100 * (v.float_accuracy - v.converted_accuracy)
     assert drop <= 3.0, (v.float_accuracy, v.converted_accuracy)
     assert v.passed, v.failures
+
+
+def test_refusal_says_whose_limitation_it_is():
+    """An op TFLite runs in int8 that edgekit cannot quantize is refused as edgekit's limitation, in one line."""
+    from types import SimpleNamespace
+
+    from edgekit.profiles import load_target
+    from edgekit.stages import op_refusal
+
+    stats = SimpleNamespace(unsupported=[{"op": "LSTM", "node": "node_lstm"}, {"op": "Log", "node": "node_log"}])
+    msg = op_refusal(stats, load_target("android"), {}, precision="int8")
+    assert "\n" not in msg
+    assert msg.startswith("target android cannot run 1 op(s) at int8: Log (node node_log); LSTM (node node_lstm): ")
+    assert "a limitation of edgekit's converter, not of the target" in msg
+    assert op_refusal(stats, load_target("android"), {}, precision="fp32") is None  # the int8 list only

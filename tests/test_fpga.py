@@ -235,3 +235,66 @@ def test_tiny_cnn_int4_kv260_bare_ip(tmp_path):
     assert art["bit_exact"]["exact"] == art["bit_exact"]["samples"] == 64 + 1 + 64 + 450
     assert res.verification.passed
     assert any("bare HLS IP" in n for n in res.manifest["notes"])
+
+
+# ---------------------------------------------------------------- lookup-table heads and the resource refusal
+
+
+def _digits_mlp(tmp_path, head, hidden=32, train=True):
+    """A digits MLP trained here on scikit-learn digits, with ``head`` (softmax / sigmoid) after its logits."""
+    import torch
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32).reshape(-1, 64)
+    y = d.target.astype(np.int64)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    xt, yt = torch.from_numpy(x[:1200]), torch.from_numpy(y[:1200])
+    for _ in range(150 if train else 0):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(xt), yt).backward()
+        opt.step()
+    model = torch.nn.Sequential(*net, head).eval()
+    torch.export.save(torch.export.export(model, (torch.zeros(1, 64),)), tmp_path / "mlp.pt2")
+    np.savez(tmp_path / "calib.npz", x=x[:300])
+    np.savez(tmp_path / "eval.npz", x=x[1200:], label=y[1200:])
+    return tmp_path / "mlp.pt2"
+
+
+@pytest.mark.parametrize("head", ["softmax", "sigmoid"])
+def test_table_activation_head_on_the_fabric(tmp_path, head):
+    """Softmax / Sigmoid after the logits run on the fabric as hls4ml lookup tables: every layer before them is
+    bit-exact (traced), the table's output within its resolution of the exact function, the class kept."""
+    import torch
+
+    from edgekit.converters.hls4ml import TABLE_TOL
+    from edgekit.pipeline import convert
+
+    model = _digits_mlp(tmp_path, torch.nn.Softmax(dim=-1) if head == "softmax" else torch.nn.Sigmoid())
+    res = convert(model, target="fpga", board="xilinx/pynq-z2", precision="int8", calib=str(tmp_path / "calib.npz"),
+                  eval_data=str(tmp_path / "eval.npz"), out=tmp_path / "b")
+    art = res.manifest["artifact"]
+    assert [lay["kind"] for lay in art["layers"]][-1] == head
+    tc = art["table_check"]
+    op = {"softmax": "Softmax", "sigmoid": "Sigmoid"}[head]
+    assert tc["op"] == op and tc["within"] == tc["samples"] >= 64 + 450
+    assert 0 < tc["max_abs_diff"] <= TABLE_TOL[op]
+    assert art["bit_exact"]["exact"] == art["bit_exact"]["samples"] == 4  # traced before the table
+    v = res.verification
+    assert v.passed, v.failures
+    assert v.float_accuracy > 0.9 and 100 * (v.float_accuracy - v.converted_accuracy) <= 2.0
+
+
+def test_model_too_large_for_the_board_is_refused_with_figures(tmp_path):
+    import torch
+
+    from edgekit.pipeline import convert
+
+    # 600k 8-bit weights need ~130 BRAM36 even at the largest reuse factor: beyond the 80% usable of 140
+    model = _digits_mlp(tmp_path, torch.nn.Identity(), hidden=8192, train=False)
+    with pytest.raises(UnsupportedOpError, match=r"does not fit xilinx/pynq-z2: .* \d+ BRAM36.* 140 BRAM36.*bram36 over"):
+        convert(model, target="fpga", board="xilinx/pynq-z2", precision="int8", calib=str(tmp_path / "calib.npz"),
+                out=tmp_path / "b")
+    assert not (tmp_path / "b").exists()
