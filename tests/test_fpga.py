@@ -263,7 +263,7 @@ def _digits_mlp(tmp_path, head, hidden=32, train=True):
     return tmp_path / "mlp.pt2"
 
 
-@pytest.mark.parametrize("head", ["softmax", "sigmoid"])
+@pytest.mark.parametrize("head", ["softmax", pytest.param("sigmoid", marks=pytest.mark.slow)])  # two C-sim compiles each
 def test_table_activation_head_on_the_fabric(tmp_path, head):
     """Softmax / Sigmoid after the logits run on the fabric as hls4ml lookup tables: every layer before them is
     bit-exact (traced), the table's output within its resolution of the exact function, the class kept."""
