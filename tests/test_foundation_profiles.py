@@ -110,7 +110,10 @@ def test_options_are_validated_by_the_converters_model():
 
     assert check_options("tensorrt", {"keep_float_nodes": "conv1, conv2"}) == {"keep_float_nodes": ["conv1", "conv2"]}
     assert check_options("tflite", {"io": "FLOAT", "threads": 4}) == {"io": "float", "threads": 4}
-    with pytest.raises(ConversionError, match="keep_float_nodes: not an option of converter 'tflite'.*io \\(int8 or float\\)"):
-        check_options("tflite", {"keep_float_nodes": ["a"]})  # a Jetson-only option is refused, never dropped
+    assert check_options("tflite", {"keep_float_nodes": "a, b"}) == {"keep_float_nodes": ["a", "b"]}
+    with pytest.raises(ConversionError, match="fpga_scales: not an option of converter 'tflite'.*io \\(int8 or float\\)"):
+        check_options("tflite", {"fpga_scales": "po2"})  # an FPGA-only option is refused, never dropped
+    with pytest.raises(ConversionError, match="calibration"):
+        check_options("tflite", {"calibration": "entropy"})  # a jetson-only calibration method is refused on android
     with pytest.raises(ConversionError, match="threads=0"):
         check_options("tflite", {"threads": 0})
