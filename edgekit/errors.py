@@ -19,6 +19,11 @@ class ModelLoadError(EdgekitError):
     """The model file is missing, truncated, or not a model edgekit can read."""
 
 
+class UnsupportedInputError(ModelLoadError):
+    """A model format the target's converter does not take (e.g. Keras for jetson): a limitation of edgekit's
+    converters, not of the model or the target."""
+
+
 class InputSpecError(EdgekitError):
     """An input shape, dtype or data set that does not fit the model."""
 

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.deps import require
-from edgekit.errors import InputSpecError, ModelLoadError
+from edgekit.errors import InputSpecError, ModelLoadError, UnsupportedInputError
 from edgekit.fsutil import sha256_file
 from edgekit.quiet import first_line, quiet_loggers
 from edgekit.tf_graph import TF_EXTRA, import_tensorflow, tf_arg_name
@@ -207,9 +207,10 @@ def check_target_takes(model: Model | str | Path, target: Any) -> None:
     fix = info.inputs_hint or "export it to a format the target takes"
     if kind in TF_KINDS:
         fix = f"export it to ONNX (e.g. with tf2onnx) for --target {target.name}"
-    raise ModelLoadError(
+    raise UnsupportedInputError(
         f"{source}: {what} input is supported for --target {', '.join(takers) or '(none)'} only, not "
-        f"{target.name} (its converter {target.converter!r} takes {', '.join(info.inputs)}); {fix}"
+        f"{target.name} (its converter {target.converter!r} takes {', '.join(info.inputs)}: a limitation of "
+        f"edgekit's converters, not of the target); {fix}"
     )
 
 

@@ -11,7 +11,7 @@ import time
 
 def main(argv: list[str]) -> int:
     spec = json.loads(argv[0])
-    from edgekit.errors import EdgekitError, HostCannotError, ProfileError, UnsupportedOpError
+    from edgekit.errors import EdgekitError, HostCannotError, ProfileError, UnsupportedInputError, UnsupportedOpError
     from edgekit.pipeline import convert
 
     t0 = time.perf_counter()
@@ -35,7 +35,7 @@ def main(argv: list[str]) -> int:
             bridge=man["source_model"].get("bridge"),
         )
     except EdgekitError as exc:
-        refused = isinstance(exc, (UnsupportedOpError, ProfileError, HostCannotError))
+        refused = isinstance(exc, (UnsupportedOpError, UnsupportedInputError, ProfileError, HostCannotError))
         out.update(status="refused" if refused else "failed", error=type(exc).__name__, reason=str(exc)[:600])
     out["seconds"] = round(time.perf_counter() - t0, 1)
     print("ZOO-CELL " + json.dumps(out, default=str), flush=True)
