@@ -29,7 +29,7 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
-from edgekit.mixed import Layer, Search, channel_energy, output_snr_db, quant_noise, weight_sqnr_db
+from edgekit.mixed import Layer, Search, channel_energy, keep_layers, output_snr_db, quant_noise, weight_sqnr_db
 from edgekit.mixed import db as mixed_db
 from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, toposort
 
@@ -210,18 +210,7 @@ class TensorRTConverter:
 
         return Search(layers, outputs, ref, "float (left out of Q/DQ; TensorRT runs it in fp16 under --fp16)")
 
-    def keep_layers(self, job: ConvertJob, artifact: Artifact, kept: list[str]) -> Artifact:
-        """The INT8 build again with ``kept`` nodes left out of Q/DQ, on the ranges the first build chose."""
-        first = artifact.meta["quantization"]
-        saved = job.options
-        user = [n for n in (saved.get("keep_float_nodes") or []) if n not in kept]
-        job.options = {**saved, "keep_float_nodes": user + kept, "calibration": first["calibration_method"]}
-        try:
-            again = self.convert(job)
-        finally:
-            job.options = saved
-        again.meta["quantization"].update({k: first[k] for k in ("calibration_chosen", "calibration_measured_snr_db")})
-        return again
+    keep_layers = keep_layers  # the INT8 build again with the kept nodes left out of Q/DQ (edgekit.mixed)
 
     def _maybe_build_engine(self, job: ConvertJob, onnx_path: Path, notes: list[str]) -> dict:
         why = _engine_unavailable()

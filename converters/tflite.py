@@ -50,7 +50,7 @@ from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_f
 
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
-from edgekit.mixed import Layer, Search, output_snr_db
+from edgekit.mixed import Layer, Search, keep_layers, output_snr_db
 from edgekit.quiet import quiet_python
 from edgekit.tf_graph import tf_convert
 from edgekit.tflite_graph import TFLiteGraph, text
@@ -558,18 +558,7 @@ class TFLiteConverter:
 
         return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)")
 
-    def keep_layers(self, job: ConvertJob, artifact: Artifact, kept: list[str]) -> Artifact:
-        """The int8 build again with ``kept`` fx nodes float, with the observer the first build chose."""
-        first = artifact.meta["quantization"]
-        saved = job.options
-        user = [n for n in (saved.get("keep_float_nodes") or []) if n not in kept]
-        job.options = {**saved, "keep_float_nodes": user + kept, "calibration": first["calibration_method"]}
-        try:
-            again = self.convert(job)
-        finally:
-            job.options = saved
-        again.meta["quantization"].update({k: first[k] for k in ("calibration_chosen", "calibration_measured_snr_db")})
-        return again
+    keep_layers = keep_layers  # the int8 build again with the kept fx nodes float (edgekit.mixed)
 
     def _latency(self, path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:
         out = {}

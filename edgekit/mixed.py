@@ -255,3 +255,18 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     if not v.passed:
         v.notes.append(f"mixed precision kept {len(outcome.kept)} layer(s) and the build still fails verification")
     return artifact, checked
+
+
+def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str]) -> Any:
+    """A converter's ``keep_layers``: its INT8 build again with ``kept`` nodes (and the user's
+    ``keep_float_nodes``) left float, with the calibration method the first build chose."""
+    first = artifact.meta["quantization"]
+    saved = job.options
+    user = [n for n in (saved.get("keep_float_nodes") or []) if n not in kept]
+    job.options = {**saved, "keep_float_nodes": user + kept, "calibration": first["calibration_method"]}
+    try:
+        again = conv.convert(job)
+    finally:
+        job.options = saved
+    again.meta["quantization"].update({k: first[k] for k in ("calibration_chosen", "calibration_measured_snr_db")})
+    return again

@@ -188,14 +188,16 @@ def convert(
                 artifact = stages.convert(job, conv)
             with clock.stage("verify"):
                 tol = tgt.tolerances[planned.precision]
-                checked = stages.verify(ing, lambda: conv.host_runner(job, artifact), comp, tol, artifact.runtime,
-                                        planned.precision)
+
+                def check(a: Any) -> Any:  # host verification of an artifact (again after a mixed-precision rebuild)
+                    return stages.verify(ing, lambda: conv.host_runner(job, a), comp, tol, a.runtime, planned.precision)
+
+                checked = check(artifact)
                 if (not checked.verification.passed and checked.verification.outputs and not strict
                         and planned.precision == "int8" and hasattr(conv, "mixed_search")):
                     from edgekit.mixed import fallback
 
-                    artifact, checked = fallback(job, conv, artifact, checked, comp.kinds, tol, lambda a: stages.verify(
-                        ing, lambda: conv.host_runner(job, a), comp, tol, a.runtime, planned.precision), log, _warn)
+                    artifact, checked = fallback(job, conv, artifact, checked, comp.kinds, tol, check, log, _warn)
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 versions = conv.versions() if hasattr(conv, "versions") else {}

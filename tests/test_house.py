@@ -103,8 +103,9 @@ def test_pipeline_only_orchestrates():
     from edgekit import pipeline, stages
 
     src = (ROOT / "edgekit" / "pipeline.py").read_text()
-    calls = [n.func.attr for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)
-             and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "stages"
+    nodes = sorted((n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+    calls = [n.func.attr for n in nodes  # in the order they are written (ast.walk is breadth-first)
+             if isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "stages"
              and n.func.attr in stages.STAGE_NAMES]
     assert calls == list(pipeline.ORDER) == list(stages.STAGE_NAMES)
     stages.check_order(pipeline.ORDER)
