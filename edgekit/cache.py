@@ -349,7 +349,7 @@ def prune(max_gb: float, cache_dir: str | Path | None = None) -> tuple[list[Entr
         raise InputSpecError(f"--max-gb {max_gb}: give the size to keep, in GB (0 empties the cache)")
     found = entries(cache_dir)
     total = sum(e.bytes for e in found)
-    limit = int(max_gb * 1e9)
+    limit = round(max_gb * 1e9)  # round, not int(): 12345 / 1e9 * 1e9 is 12344.999…
     removed = []
     for e in found:
         if total <= limit:

@@ -99,7 +99,7 @@ def test_mbv2_nhwc_layout_has_no_transpose(data, tmp_path):
     assert json.loads((res.out_dir / "smoke_result.json").read_text())["passed"]
 
 
-HSWISH = """
+SIN_NET = """
 import torch
 class M(torch.nn.Module):
     def __init__(self):
@@ -107,7 +107,7 @@ class M(torch.nn.Module):
         self.c = torch.nn.Conv2d(3, 8, 3, padding=1)
         self.l = torch.nn.Linear(8, 10)
     def forward(self, image):
-        x = torch.nn.functional.hardswish(self.c(image))
+        x = torch.sin(self.c(image))  # SIN: TFLite has no int8 kernel for it
         return self.l(x.mean(dim=(2, 3)))
 def make():
     torch.manual_seed(0)
@@ -123,24 +123,24 @@ def test_float_op_fails_full_integer_unless_allowed(tmp_path, monkeypatch):
     from edgekit.ingest import load_model
     from edgekit.profiles import default_board, load_target
 
-    (tmp_path / "hswish_android.py").write_text(HSWISH)
+    (tmp_path / "sin_android.py").write_text(SIN_NET)
     monkeypatch.syspath_prepend(str(tmp_path))
     # before converting: the op report names the node that cannot be integer
-    with pytest.raises(UnsupportedOpError, match="HardSwish"):
-        convert("hswish_android:make", "android", tmp_path / "o", precision="int8", calib="random",
+    with pytest.raises(UnsupportedOpError, match="Sin"):
+        convert("sin_android:make", "android", tmp_path / "o", precision="int8", calib="random",
                 input_shape=["1,3,16,16"])
     assert not (tmp_path / "o").exists()
     # after converting: the audit of the .tflite finds the float op and refuses the build
-    m = load_model("hswish_android:make", ["1,3,16,16"])
+    m = load_model("sin_android:make", ["1,3,16,16"])
     (tmp_path / "job").mkdir()
     job = ConvertJob(model=m, target=load_target("android"), board=default_board("android"), precision="int8",
                      calib=random_dataset(m, n=16), out_dir=tmp_path / "job", work_dir=tmp_path, log=lambda s: None,
                      warn=lambda s: None)
-    with pytest.raises(ConversionError, match=r"HARD_SWISH.*allow_float_fallback"):
+    with pytest.raises(ConversionError, match=r"SIN.*allow_float_fallback"):
         CONVERTER.convert(job)
     # allowed: the build goes through, marked not full-integer, with a warning
-    res = convert("hswish_android:make", "android", tmp_path / "o2", precision="int8", calib="random",
+    res = convert("sin_android:make", "android", tmp_path / "o2", precision="int8", calib="random",
                   input_shape=["1,3,16,16"], options={"allow_float_fallback": True})
     art = res.manifest["artifact"]
-    assert not art["full_integer"] and "HARD_SWISH" in {o["op"] for o in art["float_ops"]}
+    assert not art["full_integer"] and "SIN" in {o["op"] for o in art["float_ops"]}
     assert any("stay float" in w for w in res.warnings)
