@@ -17,6 +17,7 @@ KNOWN = {
     "onnxscript": ("onnxscript", "jetson"),
     "tensorflow": ("tensorflow-cpu", "keras"),  # only for Keras / SavedModel input
     "keras": ("keras", "keras"),
+    "tf2onnx": ("tf2onnx", "keras"),  # Keras / SavedModel -> ONNX for jetson, ios, fpga
 }
 
 

@@ -197,16 +197,15 @@ def check_target_takes(model: Model | str | Path, target: Any) -> None:
     if kind is None or target is None:
         return
     info = converter_info(target.converter)
-    if kind in info.inputs or (kind == "onnx" and takes_via_bridge(info)):
+    if kind in info.inputs or (kind == "onnx" and takes_via_bridge(info)) or (kind in TF_KINDS and takes_onnx(info)):
         return
     from edgekit.profiles import list_targets
 
     takers = sorted(t.name for t in list_targets() if kind in CONVERTERS[t.converter].inputs
-                    or (kind == "onnx" and takes_via_bridge(CONVERTERS[t.converter])))
+                    or (kind == "onnx" and takes_via_bridge(CONVERTERS[t.converter]))
+                    or (kind in TF_KINDS and takes_onnx(CONVERTERS[t.converter])))
     what = {"keras": "Keras", "saved_model": "SavedModel", "onnx": "ONNX"}.get(kind, kind)
     fix = info.inputs_hint or "export it to a format the target takes"
-    if kind in TF_KINDS:
-        fix = f"export it to ONNX (e.g. with tf2onnx) for --target {target.name}"
     raise UnsupportedInputError(
         f"{source}: {what} input is supported for --target {', '.join(takers) or '(none)'} only, not "
         f"{target.name} (its converter {target.converter!r} takes {', '.join(info.inputs)}: a limitation of "
@@ -219,15 +218,34 @@ def takes_via_bridge(info: Any) -> bool:
     return "onnx" not in info.inputs and "exported_program" in info.inputs
 
 
+def takes_onnx(info: Any) -> bool:
+    """A converter that reads ONNX, directly or through the onnx2torch bridge (so a TensorFlow model reaches it
+    through tf2onnx: edgekit.tf_bridge)."""
+    return "onnx" in info.inputs or takes_via_bridge(info)
+
+
 def for_converter(model: Model, target: Any) -> Model:
-    """The model as the target's converter reads it: an ONNX model bridged to torch where the converter
-    takes torch but not ONNX; otherwise the model itself."""
+    """The model as the target's converter reads it: a Keras / SavedModel model written to ONNX (tf2onnx) where
+    the converter does not read TensorFlow; an ONNX model bridged to torch where the converter takes torch but
+    not ONNX; otherwise the model itself."""
     from edgekit.converters import converter_info
 
-    if model.kind == "onnx" and target is not None and takes_via_bridge(converter_info(target.converter)):
+    if target is None:
+        return model
+    info = converter_info(target.converter)
+    if model.is_tf and model.kind not in info.inputs and takes_onnx(info):
+        from edgekit.tf_bridge import to_onnx_model
+
+        model = to_onnx_model(model)
+    if model.kind == "onnx" and takes_via_bridge(info):
+        import dataclasses
+
         from edgekit.onnx_bridge import bridge_model
 
-        return bridge_model(model, model.source)
+        first = model.bridge  # "tf2onnx x.y" for a TensorFlow model
+        model = bridge_model(model, model.source)
+        if first:
+            model = dataclasses.replace(model, bridge=f"{first} + {model.bridge}")
     return model
 
 

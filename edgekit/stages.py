@@ -34,7 +34,7 @@ from edgekit.converters import Artifact, ConvertJob, Runner, converter_info, fla
 from edgekit.data import Dataset, draw, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
 from edgekit.fsutil import data_dir, sha256_file
-from edgekit.ingest import Model, check_target_takes, for_converter, load_model
+from edgekit.ingest import Model, check_target_takes, for_converter, load_model, source_kind
 from edgekit.manifest import SCHEMA_VERSION, Manifest
 from edgekit.planner import Budgets, Plan, plan_section
 from edgekit.profiles import Board, Target, Tolerance
@@ -127,6 +127,13 @@ def check_precision(precision: str, target: Target, board: Board) -> None:
             f"board {board.id} has no {precision} compute path (its profile lists {board.precisions}); "
             f"choose --precision {board.precisions[-1] if board.precisions else 'fp32'}"
         )
+
+
+def _source_kind(m: Model) -> str:
+    """The kind of the file the user gave (a bridged model converts as ONNX / torch, but came as Keras or ONNX)."""
+    if (m.bridge or "").startswith("tf2onnx"):
+        return source_kind(m.source) or "keras"
+    return "onnx" if m.onnx_prep is not None else m.kind
 
 
 def _finetuned(m: Model) -> dict[str, Any]:
@@ -349,7 +356,7 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
         "precision": precision,
         "board": {"id": brd.id, "description": brd.description, "default_power_mode": brd.default_power_mode,
                   "profile": brd.model_dump(mode="json")},
-        "source_model": {"path": m.source, "kind": "onnx" if m.onnx_prep is not None else m.kind, "sha256": m.sha256,
+        "source_model": {"path": m.source, "kind": _source_kind(m), "sha256": m.sha256,
                          **({"prepared": m.onnx_prep.steps, "consts": m.onnx_prep.consts or None, "bridge": m.bridge}
                             if m.onnx_prep is not None else {}), **_finetuned(m)},
         "inputs": [s.to_json() for s in m.inputs],
