@@ -236,7 +236,7 @@ def for_converter(model: Model, target: Any) -> Model:
     if model.is_tf and model.kind not in info.inputs and takes_onnx(info):
         from edgekit.tf_bridge import to_onnx_model
 
-        model = to_onnx_model(model)
+        model = to_onnx_model(model, _load_onnx)
     if model.kind == "onnx" and takes_via_bridge(info):
         import dataclasses
 

@@ -18,6 +18,7 @@ unchanged on every target.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -33,10 +34,10 @@ def tf2onnx_version() -> str | None:
     return version("tf2onnx")
 
 
-def to_onnx_model(model: Any) -> Any:
+def to_onnx_model(model: Any, load_onnx: Callable[..., Any]) -> Any:
     """A Keras / SavedModel :class:`~edgekit.ingest.Model` as an ONNX Model (kind ``onnx``), checked against
-    TensorFlow. Its source, digest and input layout stay the TensorFlow model's."""
-    from edgekit.ingest import _load_onnx
+    TensorFlow. Its source, digest and input layout stay the TensorFlow model's. ``load_onnx(path, shapes)`` is
+    ingest's ONNX loader (passed in: ingest imports this module, not the other way round)."""
     from edgekit.onnx_bridge import scratch_dir
     from edgekit.quiet import capture_fd2, quiet_loggers
 
@@ -58,7 +59,7 @@ def to_onnx_model(model: Any) -> Any:
     _rename(proto, [o.name for o in proto.graph.output], [s.name for s in model.outputs])
     path = scratch_dir() / f"{model.sha256[:16]}-tf2onnx.onnx"
     onnx.save(proto, str(path))
-    got = _load_onnx(path, [])
+    got = load_onnx(path, [])
     feeds = _seeded(model)
     want = model.reference()(feeds)
     have = got.reference()(feeds)
