@@ -456,10 +456,22 @@ def fp16_fits(job: ConvertJob, mlmodel) -> bool:
         return True
     feeds = _feeds(job, CHECK_SAMPLES)
     peaks: dict[str, float] = {}
-    ref = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
+    unrounded = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
     if any(v > FP16_LIMIT for v in peaks.values()):
         return False
-    return not _judge(job, ref, [interp(f) for f in feeds])
+    # judged against the float model, as verification judges the package: the fp16 program run without rounding
+    # still has fp16 weights and its input casts, whose error alone moved ddddocr-det's boxes by half the tolerance
+    return not _judge(job, _float_reference(job, feeds) or unrounded, [interp(f) for f in feeds])
+
+
+def _float_reference(job: ConvertJob, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]] | None:
+    """The float model's outputs on feeds keyed by Core ML names (None where the reference cannot run them)."""
+    back = {v: k for k, v in coreml_names([s.name for s in job.model.inputs + job.model.outputs]).items()}
+    try:
+        run = job.model.reference()
+        return [[np.asarray(o, dtype=np.float32) for o in run({back[k]: v for k, v in f.items()})] for f in feeds]
+    except Exception:  # noqa: BLE001 - the unrounded program is the reference then
+        return None
 
 
 def _distances(fn, outputs: list[str]) -> dict[str, int]:
@@ -478,6 +490,28 @@ def _distances(fn, outputs: list[str]) -> dict[str, int]:
                 for var in (v if isinstance(v, (list, tuple)) else [v]):
                     if getattr(var, "name", None) in producer:
                         nxt.append(producer[var.name])
+        frontier, d = nxt, d + 1
+    return dist
+
+
+def _distances_from_inputs(fn, inputs: list[str]) -> dict[str, int]:
+    """Each op's distance in ops from the inputs of a MIL function (0: an op that reads an input)."""
+    readers: dict[str, list] = {}
+    for op in fn.operations:
+        for v in op.inputs.values():
+            for var in (v if isinstance(v, (list, tuple)) else [v]):
+                if getattr(var, "name", None) is not None:
+                    readers.setdefault(var.name, []).append(op)
+    dist: dict[str, int] = {}
+    frontier = [op for n in inputs for op in readers.get(n, [])]
+    d = 0
+    while frontier:
+        nxt = []
+        for op in frontier:
+            if op.name in dist or op.op_type == "const":
+                continue
+            dist[op.name] = d
+            nxt += [r for out in op.outputs for r in readers.get(out.name, [])]
         frontier, d = nxt, d + 1
     return dist
 
@@ -513,40 +547,54 @@ def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
     first = fails((), len(feeds))
     if not first:
         return keep
-    dist = _distances(interp.fn, [interp.output_names[i] for i in first])
-    levels = sorted(set(dist.values()))
 
-    def within(d):
-        return [k for k, v in sorted(dist.items(), key=lambda kv: kv[1]) if v <= d and k not in keep]
+    def search(dist: dict[str, int]) -> list[str] | None:
+        """The fewest distance levels (from the outputs, or from the inputs) whose ops kept fp32 pass."""
+        levels = sorted(set(dist.values()))
 
-    lo, hi, d = -1, None, 0
-    while hi is None and lo < levels[-1] and len(within(lo + 1)) <= MAX_FP32_OPS:
-        d = min(d, levels[-1])
-        if len(within(d)) > MAX_FP32_OPS or fails(within(d)):
-            lo, d = d, 2 * d + 1
-        else:
-            hi = d
-    if hi is None:
-        job.warn(f"fp16: keeping the {MAX_FP32_OPS} ops nearest the outputs in fp32 does not bring the simulated "
-                 f"fp16 program within tolerance ({next(iter(first.values()))}); only ops beyond fp16's range are "
-                 "kept fp32")
-        return keep
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if fails(within(mid)):
-            lo = mid
-        else:
-            hi = mid
-    chosen = within(hi)
-    for name in sorted(chosen, key=lambda k: -dist[k])[:-1] if len(chosen) <= 12 else []:
-        rest = [k for k in chosen if k != name]
-        if not fails(rest):
-            chosen = rest
-    if fails(chosen, len(feeds)):  # confirmed on all the samples; else the search's margin was too thin
+        def within(d):
+            return [k for k, v in sorted(dist.items(), key=lambda kv: kv[1]) if v <= d and k not in keep]
+
+        lo, hi, d = -1, None, 0
+        while hi is None and lo < levels[-1] and len(within(lo + 1)) <= MAX_FP32_OPS:
+            d = min(d, levels[-1])
+            if len(within(d)) > MAX_FP32_OPS or fails(within(d)):
+                lo, d = d, 2 * d + 1
+            else:
+                hi = d
+        if hi is None:
+            return None
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if fails(within(mid)):
+                lo = mid
+            else:
+                hi = mid
         chosen = within(hi)
+        for name in sorted(chosen, key=lambda k: -dist[k])[:-1] if len(chosen) <= 12 else []:
+            rest = [k for k in chosen if k != name]
+            if not fails(rest):
+                chosen = rest
+        if fails(chosen, len(feeds)):  # confirmed on all the samples; else the search's margin was too thin
+            chosen = within(hi)
+        return chosen
+
+    # the error is made near the outputs (a softmax over a large vocabulary, a log), or near the inputs (the input
+    # rounded to fp16, the first layers' weights: a detector's boxes, a recogniser's probabilities)
+    dist = _distances(interp.fn, [interp.output_names[i] for i in first])
+    side = "an output"
+    chosen = search(dist)
+    if chosen is None:
+        dist, side = _distances_from_inputs(interp.fn, interp.input_names), "an input"
+        chosen = search(dist)
+    if chosen is None:
+        job.warn(f"fp16: keeping the {MAX_FP32_OPS} ops nearest the outputs, or the inputs, in fp32 does not bring "
+                 f"the simulated fp16 program within tolerance ({next(iter(first.values()))}); only ops beyond "
+                 "fp16's range are kept fp32")
+        return keep
     kinds = {op.name: op.op_type for op in interp.fn.operations}
     for name in chosen:
-        keep[name] = f"{kinds[name]} {dist[name]} op(s) from an output that fp16 moves too far"
+        keep[name] = f"{kinds[name]} {dist[name]} op(s) from {side}: fp16 there moves the outputs too far"
     job.log(f"fp16 everywhere (host simulation): {next(iter(first.values()))}; {len(chosen)} op(s) kept fp32 bring "
             f"it within tolerance ({passes[0]} interpreter passes, {time.perf_counter() - t0:.1f} s)")
     return keep

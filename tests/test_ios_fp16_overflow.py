@@ -68,3 +68,40 @@ def test_fp16_sensitive_ops_stay_fp32_only_those(tmp_path):
     assert res.verification.passed, res.verification.failures
     assert 1 <= len(kept) <= 3 and any("softmax" in why for why in kept.values()), kept
     assert res.manifest["artifact"]["linux_checks"]["op_counts"].get("cast", 0) >= 1  # fp16 elsewhere, casts between
+
+
+def test_fp16_error_made_at_the_input_is_found_from_the_input_side(tmp_path):
+    """Readings near 1000 with the signal in their last decimals (a sensor offset): rounded to fp16 (steps of 0.5
+    there) the signal is gone before the first layer, and 40 layers lie between it and the output, more than the
+    output-side search may keep. edgekit finds it from the input side: the first op stays fp32, the rest fp16."""
+    import torch
+
+    from edgekit.pipeline import convert
+
+    class Deep(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            layers = []
+            for _ in range(40):  # near-identity layers: the input's signal reaches the output
+                lin = torch.nn.Linear(16, 16)
+                torch.nn.init.eye_(lin.weight)
+                lin.weight.data += 0.05 * torch.randn(16, 16)
+                torch.nn.init.zeros_(lin.bias)
+                layers += [lin, torch.nn.ReLU()]
+            self.body = torch.nn.Sequential(*layers)
+            self.head = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.body((x - 1000.0) * 4.0))
+
+    p = tmp_path / "deep.pt2"
+    torch.export.save(torch.export.export(Deep().eval(), (torch.zeros(1, 16),)), str(p))
+    x = 1000.0 + np.random.default_rng(0).uniform(-1, 1, (48, 16))
+    np.savez(tmp_path / "x.npz", x=x.astype(np.float32))
+    res = convert(p, target="ios", precision="fp16", calib=str(tmp_path / "x.npz"), golden_count=16,
+                  out=tmp_path / "o", output_kinds={"output": "regression"}, fail_on_verification=False)
+    kept = res.manifest["artifact"]["fp32_ops"]
+    assert res.verification.passed, res.verification.failures
+    assert kept and all("from an input" in why for why in kept.values()), kept
+    assert len(kept) <= 4, kept  # the front only: the 40 layers stay fp16
