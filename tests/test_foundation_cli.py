@@ -39,6 +39,8 @@ def test_user_errors_are_one_line_exit_2(tmp_path):
         (["convert", "examples/digits/digits_cnn.pt2", "--target", "toaster"], "known targets"),
         (["convert", "examples/digits/digits_cnn.pt2", "--board", "jetson-tx9"], "known boards"),
         (["boards", "show", "jetson-orin-nano-8gb", "--set", "ram_mb=-5"], "ram_mb"),
+        (["convert", "examples/digits/digits_cnn.pt2", "--tolerance", "min_top1_agreemnt=0.99"], "min_top1_agreemnt"),
+        (["convert", "examples/digits/digits_cnn.pt2", "--tolerance", "min_top1_agreement=1.5"], "min_top1_agreement"),
     ]:
         proc = _run(*args)
         assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
@@ -65,6 +67,18 @@ def test_convert_cli_quickstart(digits, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert (out / "model.onnx").exists() and (out / "manifest.json").exists()
     assert "accuracy (450 samples)" in proc.stdout
+
+
+def test_convert_tolerance_flag_sets_the_bar(digits, tmp_path):
+    """--tolerance replaces the target's bar for the build (recorded in the manifest): one that LiteRT's float
+    kernels cannot meet against torch (summation order) fails verification, non-zero exit, naming the error."""
+    ok = _run("convert", str(digits["model"]), "--target", "jetson", "-p", "fp32", "--tolerance", "max_rel_error=2e-4",
+              "-o", str(tmp_path / "a"), "--no-cache")
+    assert ok.returncode == 0, ok.stderr
+    assert json.loads((tmp_path / "a" / "manifest.json").read_text())["tolerance"]["max_rel_error"] == 2e-4
+    bad = _run("convert", str(digits["model"]), "--target", "android", "-p", "fp32", "--tolerance",
+               "max_rel_error=1e-12", "--tolerance", "abs_floor=1e-12", "-o", str(tmp_path / "b"), "--no-cache")
+    assert bad.returncode != 0 and "max error" in bad.stdout + bad.stderr, (bad.stdout, bad.stderr)
 
 
 def test_tables_fit_80_columns(tmp_path):

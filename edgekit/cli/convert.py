@@ -36,6 +36,7 @@ def convert(
     cache_dir: CacheDirOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the toolchains' own output live (always kept in the build's toolchain.log)")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="int8: fail when verification fails, instead of keeping the most sensitive layers at higher precision")] = False,
+    tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="tighten (or loosen) the target's verification bar: key=value, e.g. min_top1_agreement=0.99 (an int8 build that misses it keeps layers at higher precision)")] = None,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
     from edgekit.cli.progress import StageProgress
@@ -52,6 +53,7 @@ def convert(
             eval_output=eval_output, strict=strict, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=progress.on_stage, verbose=verbose,
             cache=not no_cache, cache_dir=cache_dir,
+            tolerance=parse_overrides(tolerance, "--tolerance", "min_top1_agreement=0.99") or None,
         )
     man = res.manifest
     if res.cache and res.cache["hit"]:
