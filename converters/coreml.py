@@ -400,7 +400,23 @@ FP16_MARGIN = 0.5  # the host's fp16 simulation (storage rounding) may use half 
 MAX_FP32_OPS = 64  # more than this many ops in fp32 is not an fp16 program any more: left to verification
 
 
-CHECK_SAMPLES = 16  # calibration samples the fp16 checks run on (an LSTM's state drifts on some inputs only)
+CHECK_SAMPLES = 16  # calibration samples the fp16 checks run on, at least (an LSTM's state drifts on some inputs only)
+CHECK_SAMPLES_MAX = 64  # ... and at most, for a small program (silero-vad's state drifts on windows 16 do not hold)
+CHECK_WORK = 1e7  # values one check pass may compute (samples x the program's activation values per sample)
+
+
+def check_samples(fn) -> int:
+    """How many calibration samples the fp16 checks run on: as many as CHECK_WORK activation values allow, from
+    CHECK_SAMPLES to CHECK_SAMPLES_MAX (from the program's static shapes: the same count on every machine)."""
+    work = 0
+    for op in fn.operations:
+        if op.op_type == "const":
+            continue
+        for v in op.outputs:
+            shape = getattr(v, "shape", None) or ()
+            if all(isinstance(d, (int, np.integer)) for d in shape):
+                work += int(np.prod(shape)) if shape else 1
+    return int(min(CHECK_SAMPLES_MAX, max(CHECK_SAMPLES, CHECK_WORK // max(1, work))))
 
 
 def _feeds(job: ConvertJob, samples: int) -> list[dict[str, np.ndarray]]:
@@ -454,7 +470,7 @@ def fp16_fits(job: ConvertJob, mlmodel) -> bool:
         interp = MILInterpreter(prog)
     except Exception:  # noqa: BLE001 - an op the host interpreter lacks: nothing to measure here
         return True
-    feeds = _feeds(job, CHECK_SAMPLES)
+    feeds = _feeds(job, check_samples(interp.fn))
     peaks: dict[str, float] = {}
     unrounded = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
     if any(v > FP16_LIMIT for v in peaks.values()):
@@ -531,7 +547,7 @@ def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
 
     t0 = time.perf_counter()
     interp = MILInterpreter(m32._mil_program)
-    feeds = _feeds(job, CHECK_SAMPLES)
+    feeds = _feeds(job, check_samples(interp.fn))
     peaks: dict[str, float] = {}
     ref = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
     keep = {k: f"values reach {v:.3g}" + (", beyond fp16's 65504" if v > 65504 else ", within 4x of fp16's 65504")

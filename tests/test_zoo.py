@@ -57,12 +57,9 @@ def test_float_builds_pass_and_report_agreement(results):
     for model in ("ppocr-cls", "oww-alexa", "silero-vad"):
         for t, p in (("jetson", "fp32"), ("android", "fp32"), ("ios", "fp16")):
             c = cells[(model, t, p)]
-            if (model, t) == ("silero-vad", "ios"):
-                # fp16 LSTM state drifts beyond the 1% tolerance: a true fp16 result, but a finite one (its power
-                # spectrum, beyond fp16's range, is computed in fp32: it used to come out Inf/NaN)
-                assert c["status"] == "failed" and "non-finite" not in c["reason"], c.get("reason")
-                assert c["eval_agreement"]["hn"]["snr_db"] > 15  # finite, and close: 24 dB on this machine
-                continue
+            # silero-vad ios fp16: its power spectrum is beyond fp16's range (it came out Inf/NaN), and its STFT
+            # front end moves the LSTM state on windows 16 check samples do not hold: the fp16 search (64 samples
+            # for a program this small, from the input side) keeps 37 front-end ops fp32 and the build passes
             assert c["status"] == "pass", (model, t, p, c.get("reason"))
             assert c["eval_samples"] and c["eval_agreement"], (model, t, p)
     cls = cells[("ppocr-cls", "android", "fp32")]["eval_agreement"]
