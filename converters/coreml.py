@@ -490,46 +490,42 @@ def _float_reference(job: ConvertJob, feeds: list[dict[str, np.ndarray]]) -> lis
         return None
 
 
-def _distances(fn, outputs: list[str]) -> dict[str, int]:
-    """Each op's distance in ops from the named outputs of a MIL function (0: the op that makes one)."""
-    producer = {v.name: op for op in fn.operations for v in op.outputs}
+def _in_vars(op) -> list:
+    """The variables an op reads (list-valued inputs, such as concat's, flattened)."""
+    return [var for v in op.inputs.values() for var in (v if isinstance(v, (list, tuple)) else [v])]
+
+
+def _levels(start: list, step) -> dict[str, int]:
+    """Breadth-first distance in ops from ``start`` (0), following ``step(op)`` (consts are not counted)."""
     dist: dict[str, int] = {}
-    frontier = [producer[n] for n in outputs if n in producer]
-    d = 0
+    frontier, d = start, 0
     while frontier:
         nxt = []
         for op in frontier:
             if op.name in dist or op.op_type == "const":
                 continue
             dist[op.name] = d
-            for v in op.inputs.values():
-                for var in (v if isinstance(v, (list, tuple)) else [v]):
-                    if getattr(var, "name", None) in producer:
-                        nxt.append(producer[var.name])
+            nxt += step(op)
         frontier, d = nxt, d + 1
     return dist
+
+
+def _distances(fn, outputs: list[str]) -> dict[str, int]:
+    """Each op's distance in ops from the named outputs of a MIL function (0: the op that makes one)."""
+    producer = {v.name: op for op in fn.operations for v in op.outputs}
+    return _levels([producer[n] for n in outputs if n in producer],
+                   lambda op: [producer[var.name] for var in _in_vars(op) if getattr(var, "name", None) in producer])
 
 
 def _distances_from_inputs(fn, inputs: list[str]) -> dict[str, int]:
     """Each op's distance in ops from the inputs of a MIL function (0: an op that reads an input)."""
     readers: dict[str, list] = {}
     for op in fn.operations:
-        for v in op.inputs.values():
-            for var in (v if isinstance(v, (list, tuple)) else [v]):
-                if getattr(var, "name", None) is not None:
-                    readers.setdefault(var.name, []).append(op)
-    dist: dict[str, int] = {}
-    frontier = [op for n in inputs for op in readers.get(n, [])]
-    d = 0
-    while frontier:
-        nxt = []
-        for op in frontier:
-            if op.name in dist or op.op_type == "const":
-                continue
-            dist[op.name] = d
-            nxt += [r for out in op.outputs for r in readers.get(out.name, [])]
-        frontier, d = nxt, d + 1
-    return dist
+        for var in _in_vars(op):
+            if getattr(var, "name", None) is not None:
+                readers.setdefault(var.name, []).append(op)
+    return _levels([op for n in inputs for op in readers.get(n, [])],
+                   lambda op: [r for out in op.outputs for r in readers.get(out.name, [])])
 
 
 def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:

@@ -29,7 +29,8 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
-from edgekit.mixed import Layer, Search, channel_energy, keep_layers, output_snr_db, quant_noise, weight_sqnr_db
+from edgekit.mixed import (Layer, Search, channel_energy, keep_layers, output_snr_db, quant_noise, search_feeds,
+                           weight_sqnr_db)
 from edgekit.mixed import db as mixed_db
 from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, toposort
 
@@ -88,7 +89,7 @@ class TensorRTConverter:
         asked = job.options.get("calibration") or "auto"
         measured: dict[str, float] = {}
         if asked == "auto":  # each method's model against the float one on calibration samples: the best wins
-            search = _search_feeds(job)
+            search = search_feeds(job)
             ref = _run(pre, search)
             for name in CALIBRATIONS:
                 cand = job.work_dir / f"int8-{name}.onnx"
@@ -138,7 +139,7 @@ class TensorRTConverter:
         base_excluded = list(job.options.get("keep_float_nodes") or [])
         ranges_path = _ranges(job, pre, list(job.calib.batches(job.model)), method)
         ranges = require("onnxruntime.quantization.calibrate", "jetson").load_tensors_data(ranges_path)
-        search = _search_feeds(job)
+        search = search_feeds(job)
         proto = onnx.load(str(pre))
         inits = {i.name: i for i in proto.graph.initializer}
         nodes = [n for n in proto.graph.node if n.op_type in QUANTIZED_OPS and n.name not in base_excluded]
@@ -281,15 +282,6 @@ def _preprocessed(job: ConvertJob, src: Path) -> Path:
         seen.add(n.name)
     onnx.save(proto, str(pre))
     return pre
-
-
-def _search_feeds(job: ConvertJob, n: int = 32) -> list[dict[str, np.ndarray]]:
-    """Up to ``n`` calibration samples spread over the file (never the golden or eval samples: the pipeline
-    holds those out of --calib), for measuring calibration methods and layer sensitivity."""
-    from edgekit.data import draw
-
-    ds = job.calib
-    return list(ds.subset(draw(len(ds), n, ds.labels, seed=7)).batches(job.model))
 
 
 def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:

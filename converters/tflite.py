@@ -50,7 +50,7 @@ from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_f
 
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
-from edgekit.mixed import Layer, Search, keep_layers, output_snr_db
+from edgekit.mixed import Layer, Search, keep_layers, output_snr_db, search_feeds
 from edgekit.quiet import quiet_python
 from edgekit.tf_graph import tf_convert
 from edgekit.tflite_graph import TFLiteGraph, text
@@ -464,7 +464,7 @@ class TFLiteConverter:
         if dynamic:
             chosen = "histogram"
         elif asked == "auto":  # each observer's fake-quant model against float on calibration samples
-            search = _search_feeds(job)
+            search = search_feeds(job)
             ref = _torch_run(module, search, m)
             for name in OBSERVERS:
                 with job.substep(f"observer ({name})"):
@@ -547,7 +547,7 @@ class TFLiteConverter:
         module = self._exported(job, self._module(job), sample)
         method = artifact.meta["quantization"]["calibration_method"]
         base = tuple(job.options.get("keep_float_nodes") or ())
-        search = _search_feeds(job)
+        search = search_feeds(job)
         conv, _, _ = self._calibrated(job, module, sample, False, method, base, SEARCH_CALIB)
         layers = _local_sqnr(conv, search[:8], m)
         ref = _torch_run(module, search, m)
@@ -591,15 +591,6 @@ class TFLiteConverter:
         # TensorFlow (Keras input only) is recorded in artifact.toolchain of the builds that used it
         return toolchain_versions("torch", "litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer",
                                   "torchao")
-
-
-def _search_feeds(job: ConvertJob, n: int = 32) -> list[dict[str, np.ndarray]]:
-    """Up to ``n`` calibration samples spread over the file (the pipeline holds golden and eval samples out of
-    --calib), for measuring observers and layer sensitivity."""
-    from edgekit.data import draw
-
-    ds = job.calib
-    return list(ds.subset(draw(len(ds), n, ds.labels, seed=7)).batches(job.model))
 
 
 def _torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray]:

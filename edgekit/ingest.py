@@ -113,6 +113,12 @@ class Model:
     def example_feeds(self) -> dict[str, np.ndarray]:
         return {s.name: np.zeros(s.shape, dtype=s.dtype) for s in self.inputs}
 
+    def seeded_feeds(self, seed: int) -> dict[str, np.ndarray]:
+        """Seeded inputs for comparing two forms of the model (float inputs uniform in [0, 1), others zero)."""
+        rng = np.random.default_rng(seed)
+        return {s.name: (rng.random(s.shape) if s.dtype.startswith("float") else np.zeros(s.shape)).astype(s.dtype)
+                for s in self.inputs}
+
 
 def _flatten(out: Any) -> list[Any]:
     if isinstance(out, (list, tuple)):
@@ -197,13 +203,11 @@ def check_target_takes(model: Model | str | Path, target: Any) -> None:
     if kind is None or target is None:
         return
     info = converter_info(target.converter)
-    if kind in info.inputs or (kind == "onnx" and takes_via_bridge(info)) or (kind in TF_KINDS and takes_onnx(info)):
+    if _takes(info, kind):
         return
     from edgekit.profiles import list_targets
 
-    takers = sorted(t.name for t in list_targets() if kind in CONVERTERS[t.converter].inputs
-                    or (kind == "onnx" and takes_via_bridge(CONVERTERS[t.converter]))
-                    or (kind in TF_KINDS and takes_onnx(CONVERTERS[t.converter])))
+    takers = sorted(t.name for t in list_targets() if _takes(CONVERTERS[t.converter], kind))
     what = {"keras": "Keras", "saved_model": "SavedModel", "onnx": "ONNX"}.get(kind, kind)
     fix = info.inputs_hint or "export it to a format the target takes"
     raise UnsupportedInputError(
@@ -216,6 +220,11 @@ def check_target_takes(model: Model | str | Path, target: Any) -> None:
 def takes_via_bridge(info: Any) -> bool:
     """A converter that reads torch takes ONNX through the onnx2torch bridge (edgekit.onnx_bridge)."""
     return "onnx" not in info.inputs and "exported_program" in info.inputs
+
+
+def _takes(info: Any, kind: str) -> bool:
+    """Whether a converter takes a model kind, itself or through a bridge (ONNX -> torch, TensorFlow -> ONNX)."""
+    return kind in info.inputs or (kind == "onnx" and takes_via_bridge(info)) or (kind in TF_KINDS and takes_onnx(info))
 
 
 def takes_onnx(info: Any) -> bool:
@@ -454,9 +463,7 @@ def _load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
                           ONNX_DTYPES.get(vo.type.tensor_type.elem_type, "float32"))
                for vo in prep.proto.graph.output]
     model = Model(str(path), "onnx", digest, inputs, outputs, onnx_path=prepared, onnx_prep=prep)
-    rng = np.random.default_rng(0)
-    feeds = {s.name: (rng.random(s.shape) if s.dtype.startswith("float") else np.zeros(s.shape)).astype(s.dtype)
-             for s in inputs}
+    feeds = model.seeded_feeds(0)
     try:
         outs = model.reference()(feeds)
     except Exception as exc:

@@ -63,6 +63,15 @@ class Outcome:
         return d
 
 
+def search_feeds(job: Any, n: int = 32) -> list[dict[str, np.ndarray]]:
+    """Up to ``n`` calibration samples spread over the file (never the golden or eval samples: the pipeline holds
+    those out of --calib), for measuring calibration methods / observers and layer sensitivity."""
+    from edgekit.data import draw
+
+    ds = job.calib
+    return list(ds.subset(draw(len(ds), n, ds.labels, seed=7)).batches(job.model))
+
+
 def output_snr_db(ref: list[np.ndarray], got: list[np.ndarray]) -> float:
     """The worst output's SNR (dB) against the float outputs; +inf where identical."""
     worst = float("inf")

@@ -626,6 +626,16 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
             "Expand": expand, "Tile": tile, "Clip": clip}
 
 
+def differs(got: np.ndarray, want: np.ndarray) -> str | None:
+    """Why a bridged model's output is not its source's on the same inputs (None: within 1e-4 of the output's
+    scale): the check both bridges (onnx2torch here, tf2onnx in edgekit.tf_bridge) make before anything converts."""
+    if got.shape != want.shape:
+        return f"shape {got.shape}, not {want.shape}"
+    diff = float(np.max(np.abs(np.asarray(got, np.float64) - want), initial=0.0))
+    scale = float(np.max(np.abs(want), initial=0.0))
+    return None if diff <= 1e-4 * max(1.0, scale) else f"max difference {diff:.4g}"
+
+
 def bridge_model(model, source: str):
     """An ONNX :class:`~edgekit.ingest.Model` as a torch ExportedProgram Model (the onnx2torch bridge), for a
     converter that reads torch. The float reference stays onnxruntime on the prepared graph; the bridged
@@ -643,9 +653,7 @@ def bridge_model(model, source: str):
             + (" (or convert this one for --target jetson: TensorRT runs Q/DQ graphs)" if qdq_only else ""))
     proto = prep.proto if prep is not None else onnx.load(str(model.onnx_path))
     module = to_torch(proto, source).eval()
-    rng = np.random.default_rng(1)
-    feeds = {s.name: (rng.random(s.shape) if s.dtype.startswith("float") else np.zeros(s.shape)).astype(s.dtype)
-             for s in model.inputs}
+    feeds = model.seeded_feeds(1)
     example = tuple(torch.from_numpy(feeds[s.name]) for s in model.inputs)
     from edgekit.quiet import quiet_loggers
 
@@ -655,14 +663,12 @@ def bridge_model(model, source: str):
             got = list(got) if isinstance(got, (list, tuple)) else [got]
             want = model.reference()(feeds)
             for o, a, b in zip(model.outputs, got, want, strict=True):
-                a = a.detach().numpy()
-                scale = float(np.max(np.abs(b))) if b.size else 0.0
-                if a.shape != b.shape or float(np.max(np.abs(a - b), initial=0.0)) > 1e-4 * max(1.0, scale):
+                why = differs(a.detach().numpy(), b)
+                if why:
                     raise UnsupportedOpError(
                         f"{source}: the ONNX -> torch bridge (onnx2torch {onnx2torch_version()}) computes output "
-                        f"{o.name!r} differently from onnxruntime (max difference "
-                        f"{float(np.max(np.abs(a - b))) if a.shape == b.shape else 'shape ' + str(a.shape)}); a "
-                        "limitation of the bridge: convert for --target jetson")
+                        f"{o.name!r} differently from onnxruntime ({why}); a limitation of the bridge: convert for "
+                        "--target jetson")
             ep = torch.export.export(module, example)
     except UnsupportedOpError:
         raise

@@ -22,6 +22,7 @@ from typing import Any
 
 from edgekit import stages
 from edgekit.analyze import ModelStats
+from edgekit.data import max_data_bytes
 from edgekit.errors import InputSpecError, ProfileError, VerificationError
 from edgekit.fsutil import atomic_dir, check_replaceable, work_dir
 from edgekit.ingest import Model
@@ -124,6 +125,7 @@ def convert(
     if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
         raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
                              "or leave it out for the target's default")
+    max_data_bytes(max_data_mb)  # a bad --max-data-mb is refused even when the build then comes from the cache
     if out is not None:  # a foreign -o is refused before minutes of work, and again at the end
         check_replaceable(Path(os.path.abspath(out)))
     tgt = load_target(target)

@@ -21,8 +21,6 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
-
 from edgekit.deps import require, version
 from edgekit.errors import UnsupportedOpError
 from edgekit.tf_graph import TF_EXTRA, import_tensorflow, tf_arg_name
@@ -38,7 +36,7 @@ def to_onnx_model(model: Any, load_onnx: Callable[..., Any]) -> Any:
     """A Keras / SavedModel :class:`~edgekit.ingest.Model` as an ONNX Model (kind ``onnx``), checked against
     TensorFlow. Its source, digest and input layout stay the TensorFlow model's. ``load_onnx(path, shapes)`` is
     ingest's ONNX loader (passed in: ingest imports this module, not the other way round)."""
-    from edgekit.onnx_bridge import scratch_dir
+    from edgekit.onnx_bridge import differs, scratch_dir
     from edgekit.quiet import capture_fd2, quiet_loggers
 
     tf = import_tensorflow()
@@ -60,17 +58,14 @@ def to_onnx_model(model: Any, load_onnx: Callable[..., Any]) -> Any:
     path = scratch_dir() / f"{model.sha256[:16]}-tf2onnx.onnx"
     onnx.save(proto, str(path))
     got = load_onnx(path, [])
-    feeds = _seeded(model)
-    want = model.reference()(feeds)
-    have = got.reference()(feeds)
-    for o, a, b in zip(model.outputs, have, want, strict=True):
-        scale = float(np.max(np.abs(b))) if b.size else 0.0
-        diff = float(np.max(np.abs(a.astype(np.float64) - b))) if a.shape == b.shape else None
-        if diff is None or diff > 1e-4 * max(1.0, scale):
+    feeds = model.seeded_feeds(2)
+    for o, a, b in zip(model.outputs, got.reference()(feeds), model.reference()(feeds), strict=True):
+        why = differs(a, b)
+        if why:
             raise UnsupportedOpError(
                 f"{model.source}: the TensorFlow -> ONNX bridge (tf2onnx {tf2onnx_version()}) computes output "
-                f"{o.name!r} differently from TensorFlow (max difference {diff if diff is not None else a.shape}); "
-                "a limitation of the bridge: convert for --target android")
+                f"{o.name!r} differently from TensorFlow ({why}); a limitation of the bridge: convert for "
+                "--target android")
     inputs = [dataclasses.replace(g, layout=s.layout) for g, s in zip(got.inputs, model.inputs, strict=True)]
     return dataclasses.replace(got, source=model.source, sha256=model.sha256, inputs=inputs,
                                bridge=f"tf2onnx {tf2onnx_version()}")
@@ -93,8 +88,3 @@ def _rename(proto: Any, old: list[str], new: list[str]) -> None:
             if n in names:
                 node.output[i] = names[n]
 
-
-def _seeded(model: Any) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(2)
-    return {s.name: (rng.uniform(-1, 1, s.shape) if s.dtype.startswith("float") else np.zeros(s.shape))
-            .astype(s.dtype) for s in model.inputs}

@@ -106,6 +106,17 @@ def test_a_hit_never_overwrites_a_foreign_folder(first, digits, tmp_path):
     assert [p.name for p in dest.iterdir()] == ["notes.txt"] and (dest / "notes.txt").read_text() == "my notes"
 
 
+def test_a_hit_still_checks_every_option(first, digits, tmp_path):
+    """A bad --max-data-mb is refused before the cache is asked (it used to be read only when the data loaded, so a
+    cache hit accepted NaN: the hostile corpus met it when another case had stored the same build)."""
+    from edgekit.errors import InputSpecError
+
+    for bad in (float("nan"), -1.0):
+        with pytest.raises(InputSpecError, match="--max-data-mb"):
+            convert(digits["model"], "jetson", tmp_path / "o", **first["kw"], max_data_mb=bad)
+    assert not (tmp_path / "o").exists()
+
+
 def test_an_entry_changed_after_it_was_stored_is_dropped(first, tmp_path):
     import shutil
 

@@ -390,6 +390,11 @@ def cases() -> list[Case]:
           build=lambda s, v, m: saved_model_touching_files(s / "sm", m, read=v / "secret.txt")),
         C("keras_lambda", "model", ["convert", "{S}/lam.keras", *android], r"Lambda layer.*--trust-pickle",
           build=lambda s, v, m: keras_with_lambda(s / "lam.keras", m)),
+        # jetson / ios take TensorFlow models through tf2onnx now: loaded (and refused) the same way before it
+        C("savedmodel_writes_file_jetson", "model", ["convert", "{S}/sm", "--target", "jetson", *out],
+          r"WriteFile.*--trust-pickle", build=lambda s, v, m: saved_model_touching_files(s / "sm", m)),
+        C("keras_lambda_ios", "model", ["convert", "{S}/lam.keras", "--target", "ios", *out],
+          r"Lambda layer.*--trust-pickle", build=lambda s, v, m: keras_with_lambda(s / "lam.keras", m)),
     ]
 
     # ---- data: bounded by header, numbers only, finite, labels that fit the model
@@ -546,13 +551,14 @@ def cases() -> list[Case]:
     ]
     del good
 
-    # ---- signals: a killed run leaves nothing behind (TERM/INT at once, KILL at the next run)
+    # ---- signals: a killed run leaves nothing behind (TERM/INT at once, KILL at the next run); --no-cache: a build
+    # another case of the corpus stored would come from the cache before there is anything to kill
     cs += [
-        C("sigterm_mid_convert", "signal", [*int8, "--calib", "{CALIB}"], "", exit=(143, -15), signal="TERM",
+        C("sigterm_mid_convert", "signal", [*int8, "--calib", "{CALIB}", "--no-cache"], "", exit=(143, -15), signal="TERM",
           one_line=False),
-        C("sigint_mid_convert", "signal", [*int8, "--calib", "{CALIB}"], "", exit=(1, 130, -2), signal="INT",
+        C("sigint_mid_convert", "signal", [*int8, "--calib", "{CALIB}", "--no-cache"], "", exit=(1, 130, -2), signal="INT",
           one_line=False),
-        C("sigkill_then_next_run_sweeps", "signal", [*int8, "--calib", "{CALIB}"], r"removed \d+ folder",
+        C("sigkill_then_next_run_sweeps", "signal", [*int8, "--calib", "{CALIB}", "--no-cache"], r"removed \d+ folder",
           exit=0, signal="KILL", one_line=False),
         C("sigkill_mid_flash_unpack_then_next_run_sweeps", "signal", ["flash", "{S}/b.tar.gz", "--board", "host"],
           r"removed \d+ folder", exit=0, signal="KILL", signal_when="tmp/edgekit-bundle-*/*", one_line=False,
