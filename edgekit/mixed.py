@@ -123,6 +123,11 @@ def weight_sqnr_db(w: np.ndarray, in_energy: np.ndarray, out_energy: float, grou
     return db(out_energy, float(np.sum(err2 * energy[group_of])))
 
 
+# An INT8 build may keep at most this share of its quantized layers at higher precision: beyond it the artifact
+# is a float build with a few INT8 layers, and calling it INT8 would hide that INT8 failed.
+MAX_KEPT_SHARE = 0.5
+
+
 def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
                 max_kept: int = 16, log: Callable[[str], None] = lambda m: None, budget_s: float = 300.0) -> Outcome:
     """Steps 1 and 2 of the module's procedure: the layers to keep, chosen on the search samples.
@@ -250,9 +255,15 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
         log(f"re-verification failed with {len(outcome.kept) - 1} kept; adding {outcome.kept[-1].name}")
     outcome.seconds += time.perf_counter() - t0
     v = checked.verification
+    share = len(outcome.kept) / max(1, len(search.layers))
+    if v.passed and share > MAX_KEPT_SHARE:  # silero-vad: all 18 convolutions kept, not one Q/DQ left
+        v.failures.append(
+            f"INT8 cannot hold this model on these inputs: mixed precision had to keep {len(outcome.kept)} of "
+            f"{len(search.layers)} quantized layers at higher precision (more than {MAX_KEPT_SHARE:.0%}), so the "
+            "build is not an INT8 build; choose --precision fp16 (or fp32), or fine-tune with `edgekit finetune`")
     record = outcome.to_json()
     record.update(int8_verification_failures=before, search_samples=int(len(search.reference[0])),
-                  passed_after=v.passed)
+                  layers=len(search.layers), kept_share=round(share, 3), passed_after=v.passed)
     if plot(outcome, job.out_dir / PLOT, f"{job.model.source}: per-layer INT8 sensitivity"):
         artifact.files.append(PLOT)
         record["plot"] = PLOT
