@@ -538,6 +538,14 @@ class TFLiteConverter:
             raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
         return converted, q, n_batches
 
+    @staticmethod
+    def mixed_unavailable(job: ConvertJob) -> str | None:
+        if job.model.is_tf:
+            return ("Keras / SavedModel input is quantized whole by TensorFlow's TFLiteConverter, which keeps no "
+                    "chosen layer float; the PT2E path does: give the model as ONNX (python -m tf2onnx.convert "
+                    "--keras MODEL.h5 --output model.onnx), or pass --tolerance to accept this agreement")
+        return None
+
     def mixed_search(self, job: ConvertJob, artifact: Artifact) -> Search:
         """The fx nodes an int8 build may keep float (LiteRT runs them in float between DEQUANTIZE and
         QUANTIZE), ranked by local INT8 SQNR; the search runs the fake-quant program in torch."""

@@ -214,13 +214,32 @@ def _op_name(node) -> str:
     return getattr(t, "__name__", str(t)).split(".")[0]
 
 
-def _insert_fake_quant(gm, symmetric: bool) -> tuple[int, int]:
-    """Fake-quantize conv/linear weights and the activations the target quantizes; returns (weights, activations)."""
+def _insert_fake_quant(gm, symmetric: bool, inputs_only: bool = False) -> tuple[int, int]:
+    """Fake-quantize conv/linear weights and the activations the target quantizes; returns (weights, activations).
+    ``inputs_only`` (jetson): activations only where TensorRT's Q/DQ placement rounds them, at the inputs of
+    convolutions, linear/matmul and average pooling (converters/tensorrt.py); else after every compute op."""
     torch = require("torch")
     ActFQ, WeightFQ = _fq_modules()
     aten = torch.ops.aten
     graph = gm.graph
     n_w = n_a = 0
+    if inputs_only:
+        consumers = {aten.conv1d.default: 1, aten.conv2d.default: 1, aten.linear.default: 1, aten.matmul.default: 2,
+                     aten.bmm.default: 2, aten.mm.default: 2, aten.avg_pool2d.default: 1,
+                     aten.adaptive_avg_pool2d.default: 1}
+        made: dict[Any, Any] = {}
+        for node in list(graph.nodes):
+            for x in node.args[:consumers.get(node.target, 0)] if node.op == "call_function" else ():
+                val = x.meta.get("val") if isinstance(x, torch.fx.Node) else None
+                if val is None or not hasattr(val, "dtype") or not val.dtype.is_floating_point or x.op == "get_attr":
+                    continue
+                if x not in made:  # one range per tensor, shared by its quantized consumers (TensorRT's Q/DQ pairs)
+                    name = f"fq_a{n_a}"
+                    gm.add_submodule(name, ActFQ(symmetric))
+                    with graph.inserting_after(x):
+                        made[x] = graph.call_module(name, (x,))
+                    n_a += 1
+                node.replace_input_with(x, made[x])
     for node in list(graph.nodes):
         if node.op == "call_function" and node.target in (aten.conv2d.default, aten.linear.default, aten.conv1d.default):
             w = node.args[1]
@@ -231,7 +250,7 @@ def _insert_fake_quant(gm, symmetric: bool) -> tuple[int, int]:
                     q = graph.call_module(name, (w,))
                 node.replace_input_with(w, q)
                 n_w += 1
-    for node in list(graph.nodes):
+    for node in list(graph.nodes) if not inputs_only else ():
         val = node.meta.get("val")
         is_float = val is not None and hasattr(val, "dtype") and val.dtype.is_floating_point
         if node.op == "placeholder":
@@ -490,7 +509,7 @@ def finetune(
         else:
             gm = _graph_module(m)
         folded = _fold_batch_norms(gm)
-        n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target])
+        n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target], inputs_only=target == "jetson")
         chunk = _batch_chunk(gm, xs)
         if chunk is not None:
             if m.inputs[0].shape[0] != 1:
@@ -597,6 +616,8 @@ def finetune(
                   "student": {"weights": "int8 symmetric per-channel (fake-quant)", "weight_layers": n_w,
                               "pruned": pruning,
                               "activations": ("int8 per-tensor " + ("symmetric" if SYMMETRIC_ACTS[target] else "asymmetric")
+                                              + (" at the inputs of conv/linear/matmul/average pooling (TensorRT's "
+                                                 "Q/DQ placement)" if target == "jetson" else " after every compute op")
                                               + ", min/max over the data, held"),
                               "activation_points": n_a, "batch_norms_folded": folded},
                   "activation_ranges": [[float(a.lo), float(a.hi)] for a in _act_fqs(student)],

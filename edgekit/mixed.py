@@ -222,6 +222,14 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
 
     smoke = output_checks()
     before = list(checked.verification.failures)
+    why = conv.mixed_unavailable(job) if hasattr(conv, "mixed_unavailable") else None
+    if why:  # this build's path has no per-layer control: say so, the build stays failed
+        msg = f"mixed precision not searched: {why}"
+        warn(msg)
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {"searched": False, "reason": why, "int8_verification_failures": before,
+                                            "passed_after": False}
+        return artifact, checked
     warn(f"INT8 failed verification ({before[0]}{f' and {len(before) - 1} more' if len(before) > 1 else ''}): "
          "searching for the layers that cause it (--strict fails instead)")
     search = conv.mixed_search(job, artifact)

@@ -82,6 +82,8 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
     mp = art.get("mixed_precision")
     if not mp:
         return lines
+    if mp.get("searched") is False:
+        return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification; not searched: {mp['reason']}."]
     if not mp["scanned"]:
         return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification, but all-INT8 passes the checks on "
                         f"the {mp['search_samples']} calibration samples the search uses: they cannot show which layers "

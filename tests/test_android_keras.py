@@ -320,3 +320,15 @@ def test_keras_bridge_missing_or_wrong_is_one_line(kd, tmp_path, monkeypatch):
     with pytest.raises(UnsupportedOpError, match="differently from TensorFlow"):
         convert(str(kd["keras"]), "jetson", tmp_path / "b", precision="fp32", cache=False)
     assert not (tmp_path / "b").exists()
+
+
+def test_int8_failure_on_keras_input_says_why_no_layer_was_searched(kd, tmp_path):
+    """TFLiteConverter quantizes a Keras model whole: a failed INT8 build is not searched for layers to keep
+    float (it once ended in a misleading litert-torch error); it fails with the reason and the way out."""
+    res = convert(str(kd["keras"]), "android", tmp_path / "o", precision="int8", calib=str(kd["calib"]),
+                  eval_data=str(kd["eval"]), tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0},
+                  fail_on_verification=False)
+    assert not res.verification.passed
+    mp = res.manifest["artifact"]["mixed_precision"]
+    assert mp["searched"] is False and "tf2onnx" in mp["reason"] and not mp["passed_after"]
+    assert "not searched" in (res.out_dir / "report.md").read_text()
