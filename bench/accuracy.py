@@ -1,11 +1,13 @@
 """INT8 accuracy per PTQ path (issue 15): float accuracy, INT8 accuracy and top-1 agreement with float, with
 the time each build took, for
 
-    (a) the old PTQ       jetson: onnxruntime MinMax; android: PT2E HistogramObserver (both --strict)
-    (b) the new PTQ       calibration chosen per model by measurement (calibration=auto, --strict)
+    (a) the old PTQ       jetson: onnxruntime MinMax, Q/DQ on every op it quantizes (qdq=all); android: PT2E
+                          HistogramObserver (both --strict)
+    (b) the new PTQ       calibration chosen per model by measurement (calibration=auto), on jetson with TensorRT's
+                          Q/DQ placement (inputs of conv/GEMM/MatMul/average pooling only) (--strict)
     (c) PTQ + mixed       (b), and where it fails verification the fewest layers kept at higher precision
     (d) after finetune    edgekit.finetune (distillation with INT8 fake quantization, 10 epochs on --calib), then
-                          (c) on the fine-tuned weights; torch models only (an ONNX model has no trainable graph)
+                          (c) on the fine-tuned weights (torch models, and ONNX through the onnx2torch bridge)
 
 on the digits example, the MobileNetV2-shaped net (bench/android_nets.py, trained on digits), the digits
 network with an INT8-fragile head (tests/support/plan_nets.py) and the zoo's image classifier (ppocr-cls; its
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "support"))
 sys.path.insert(0, str(ROOT / "bench"))
 
-OLD = {"jetson": "minmax", "android": "histogram"}
+OLD = {"jetson": {"calibration": "minmax", "qdq": "all"}, "android": {"calibration": "histogram"}}
 
 
 def models(work: Path, names: list[str]) -> list[dict]:
@@ -61,7 +63,7 @@ def models(work: Path, names: list[str]) -> list[dict]:
     return out
 
 
-def build(spec: dict, target: str, out: Path, calibration: str, strict: bool) -> dict:
+def build(spec: dict, target: str, out: Path, options: dict, strict: bool) -> dict:
     from edgekit.errors import EdgekitError
     from edgekit.pipeline import convert
 
@@ -69,7 +71,7 @@ def build(spec: dict, target: str, out: Path, calibration: str, strict: bool) ->
     try:
         res = convert(spec["model"], target=target, precision="int8", calib=spec["calib"], eval_data=spec["eval"],
                       input_shape=spec.get("input_shape"), consts=spec.get("consts"), out=out,
-                      output_kinds=spec.get("output_kinds"), options={"calibration": calibration}, strict=strict,
+                      output_kinds=spec.get("output_kinds"), options=options, strict=strict,
                       cache=False, fail_on_verification=False)
     except EdgekitError as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
@@ -86,8 +88,6 @@ def tuned(spec: dict, target: str, work: Path) -> dict:
     from edgekit.errors import EdgekitError
     from edgekit.finetune import finetune
 
-    if str(spec["model"]).endswith(".onnx"):
-        return {"error": "not run: an ONNX model has no trainable graph for finetune", "seconds": 0.0}
     t0 = time.perf_counter()
     try:
         ft = finetune(spec["model"], spec["calib"], work / f"ft-{target}.pt2", target=target, epochs=10,
@@ -95,7 +95,8 @@ def tuned(spec: dict, target: str, work: Path) -> dict:
     except EdgekitError as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
     spent = time.perf_counter() - t0
-    r = build({**spec, "model": str(ft.out), "input_shape": None}, target, work / "d", "auto", strict=False)
+    r = build({**spec, "model": str(ft.out), "input_shape": None}, target, work / "d", {"calibration": "auto"},
+              strict=False)
     r["seconds"] += spent
     return r
 
@@ -129,9 +130,10 @@ def main() -> None:
         for spec in models(work, args.models):
             for target in args.targets:
                 a = build(spec, target, work / "a", OLD[target], strict=True)
-                b = build(spec, target, work / "b", "auto", strict=True)
+                b = build(spec, target, work / "b", {"calibration": "auto"}, strict=True)
                 # (c) is (b) where (b) passed: mixed precision only runs on a failed verification
-                c = dict(b) if b.get("passed") else build(spec, target, work / "c", "auto", strict=False)
+                c = dict(b) if b.get("passed") else build(spec, target, work / "c", {"calibration": "auto"},
+                                                          strict=False)
                 d = tuned(spec, target, work) if finetune else {"error": "not run", "seconds": 0.0}
                 row = {"model": spec["name"], "target": target, "float": b.get("float"), "a": a, "b": b, "c": c, "d": d}
                 rows.append(row)

@@ -66,6 +66,20 @@ def test_float_builds_pass_and_report_agreement(results):
     assert next(iter(cls.values()))["top1_agreement"] >= 0.99
 
 
+def test_int8_cells_pass_with_agreement_or_fail_for_a_stated_reason(results):
+    cells, _ = results
+    for model in ("ppocr-cls", "oww-alexa"):
+        for t in ("jetson", "android"):
+            c = cells[(model, t, "int8")]
+            assert c["status"] == "pass", (model, t, c.get("reason"))
+            assert c["eval_samples"] and c["eval_agreement"], (model, t)
+    assert next(iter(cells[("ppocr-cls", "jetson", "int8")]["eval_agreement"].values()))["top1_agreement"] >= 0.99
+    # silero-vad on jetson: its STFT front end and LSTM state do not hold at INT8; mixed precision would have to keep
+    # all 18 convolutions float, which is no INT8 build, and the cell says so instead of passing
+    c = cells[("silero-vad", "jetson", "int8")]
+    assert c["status"] == "failed" and "not an INT8 build" in c["reason"], c
+
+
 def test_already_quantized_onnx_is_recognised(results):
     cells, _ = results
     for t in ("android", "ios"):
