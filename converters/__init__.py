@@ -49,6 +49,10 @@ class TensorRTOptions(_Options):
         "auto", description="INT8 activation ranges: auto (each method is tried and the one whose model is closest "
         "to float on calibration samples wins), minmax (the observed range), percentile (clips |x| at the 99.999th "
         "percentile), percentile-99.99, or entropy (KL-optimal threshold, 2048 bins)")
+    qdq: Literal["tensorrt", "all"] = Field(
+        "tensorrt", description="INT8 Q/DQ placement: tensorrt (TensorRT's guidance, as NVIDIA ModelOpt: the inputs of "
+        "convolutions, GEMM/MatMul and average pooling; the rest runs fp16) or all (onnxruntime's default: every op "
+        "it quantizes, inputs and outputs)")
 
     _names = field_validator("keep_float_nodes", mode="before")(lambda cls, v: _split_names(v))
 

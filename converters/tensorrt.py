@@ -288,9 +288,9 @@ QUANTIZED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Conca
 
 
 def _placement(job: ConvertJob) -> str:
-    got = job.options.get("qdq") or "tensorrt"
+    got = job.options.get("qdq") or "tensorrt"  # validated by converters.TensorRTOptions
     if got not in QDQ_PLACEMENTS:
-        raise ConversionError(f"--option qdq={got!r} is not a Q/DQ placement: choose one of {', '.join(QDQ_PLACEMENTS)}")
+        raise ConversionError(f"--option qdq={got!r}: choose one of {', '.join(QDQ_PLACEMENTS)}")
     return got
 
 

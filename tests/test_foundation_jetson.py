@@ -81,6 +81,19 @@ def test_int8_is_explicit_symmetric_per_channel_qdq(builds):
             assert zp.dtype == np.int8 and not zp.any()
 
 
+def test_qdq_all_restores_onnxruntimes_every_op_placement(builds, digits, tmp_path):
+    """--option qdq=all: Q/DQ also on the outputs of the quantized ops (onnxruntime's default), recorded."""
+    res = convert(digits["model"], "jetson", tmp_path / "all", precision="int8", calib=str(digits["calib"]),
+                  options={"qdq": "all", "calibration": "minmax"}, cache=False)
+    q = res.manifest["artifact"]["quantization"]
+    assert q["qdq_placement"] == "all" and builds["int8"].manifest["artifact"]["quantization"]["qdq_placement"] == "tensorrt"
+    g = onnx.load(str(res.out_dir / "model.onnx")).graph
+    producers = {o: n.op_type for n in g.node for o in n.output}
+    assert any(n.op_type == "QuantizeLinear" and producers.get(n.input[0]) in ("Conv", "Gemm", "Relu", "Add")
+               for n in g.node)
+    assert q["quantize_linear"] > builds["int8"].manifest["artifact"]["quantization"]["quantize_linear"]
+
+
 def test_size_ratios(builds):
     size = {p: r.manifest["files"]["model.onnx"]["bytes"] for p, r in builds.items()}
     assert size["fp16"] / size["fp32"] < 0.6
