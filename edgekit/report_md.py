@@ -20,6 +20,9 @@ def _ci(ci: Any) -> str:
 
 def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
     m = o.get("metrics") or {}
+    if o.get("kind") == "detection" and "iou" in m:
+        return (f"detections IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g}), boxes SNR {m.get('snr_db', float('inf')):.1f} dB"
+                + (f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""))
     if "snr_db" in m:
         need = f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""
         return f"SNR {m['snr_db']:.1f} dB{need}, cosine {m.get('cosine', float('nan')):.5f}"
@@ -27,6 +30,8 @@ def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
         return f"IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g})"
     if o.get("kind") == "mask":
         return "no sample reaches 0.5 in either model: judged by max error"
+    if o.get("kind") == "detection":
+        return "nothing detected in either model: judged by max error"
     if "exact_match" in m:
         return f"exact {m['exact_match']:.1%} (≥ {tol.get('min_exact', 0.99):.0%})"
     if "top5_agreement" in m:

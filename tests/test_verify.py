@@ -211,3 +211,30 @@ def test_mask_without_positives_is_judged_by_its_values():
     moved = prob + np.where(prob > 0.5, -0.3, 0.3)  # both decisions unchanged (0.6 and 0.35), values moved by 0.3
     r = smoke.check_output("wake", "mask", prob, moved, tol)
     assert r["passed"] and r["iou"] == 1.0
+
+
+def test_detection_head_is_judged_by_its_detections_and_their_boxes():
+    """A YOLO-style head [N, anchors, 4 box + objectness + class]: a background anchor's box moving far does not
+    fail the build (a max-error check over every anchor did); a lost detection or a moved detected box does."""
+    import numpy as np
+
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    tol = {"max_rel_error": 0.15, "abs_floor": 0.01, "min_iou": 0.9, "min_snr_db": 15.0, "min_top1_agreement": 0.9}
+    rng = np.random.default_rng(0)
+    ref = np.concatenate([rng.uniform(0, 3, (8, 100, 4)), np.full((8, 100, 1), 0.01), np.full((8, 100, 1), 0.9)], -1)
+    ref[:, :10, 4] = 0.8  # 10 detections per sample (score 0.72), 90 background anchors (0.009)
+    got = ref.copy()
+    got[:, 50:, :4] += 2.5  # background boxes moved by most of the range
+    r = smoke.check_output("out", "detection", ref, got, tol)
+    assert r["passed"] and r["iou"] == 1.0 and r["detections"] == 80, r["failures"]
+    assert not smoke.check_output("out", "regression", ref, got, tol)["passed"]  # what the old judgement said
+    lost = ref.copy()
+    lost[:, :2, 4] = 0.1  # 2 of 10 detections per sample fall under the threshold: IoU 0.8
+    r = smoke.check_output("out", "detection", ref, lost, tol)
+    assert not r["passed"] and "IoU 0.800" in r["failures"][0]
+    moved = ref.copy()
+    moved[:, :10, :4] += 1.5  # the detected boxes moved
+    assert "boxes of the detected anchors" in smoke.check_output("out", "detection", ref, moved, tol)["failures"][0]
+    assert "not a detection head" in smoke.check_output("out", "detection", ref[..., :4], ref[..., :4], tol)["failures"][0]

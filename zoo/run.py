@@ -122,6 +122,8 @@ def _agree(c: dict) -> str:
     for name, a in (c.get("eval_agreement") or {}).items():
         if "top1_agreement" in a:
             parts.append(f"top-1 {a['top1_agreement']:.1%}")
+        elif "iou" in a and "snr_db" in a:  # a detection head: the detected anchors, and their boxes
+            parts.append(f"detections IoU {a['iou']:.2f}, boxes SNR {a['snr_db']:.0f} dB")
         elif "snr_db" in a:
             parts.append(f"SNR {a['snr_db']:.0f} dB")
         elif "iou" in a:

@@ -60,7 +60,15 @@ def peak_rss_mb():
         return None
 
 
-KINDS = ("class", "regression", "mask", "index")
+KINDS = ("class", "regression", "mask", "index", "detection")
+# ``detection``: a YOLO-style head [N, anchors, 4 box + objectness (+ class scores)]; an anchor is a detection where
+# objectness x its best class score reaches DET_SCORE (the usual confidence threshold of YOLO deployments)
+DET_SCORE = 0.25
+
+
+def _detected(a):
+    score = a[..., 4] * a[..., 5:].max(axis=-1) if a.shape[-1] > 5 else a[..., 4]
+    return score >= DET_SCORE
 
 
 def _probabilities(ref):
@@ -97,7 +105,8 @@ def check_output(name, kind, ref, got, tol, label=""):
     within max(max_rel_error x output range, abs_floor) (an absolute floor, so a tiny-range output is not
     failed on noise); ``mask`` and ``index`` outputs are judged by their decisions. ``class``: top-1 (and top-5) agreement;
     ``regression``: SNR in dB (min_snr_db where the profile sets it) and cosine similarity; ``mask``: IoU at
-    0.5 (min_iou); ``index``: exact match (min_exact). The host (edgekit.verify) and the board use this one
+    0.5 (min_iou); ``index``: exact match (min_exact); ``detection`` ([N, anchors, 4 box + objectness (+ classes)]):
+    IoU of the detected anchors (score >= DET_SCORE, min_iou) and SNR of their boxes (min_snr_db). The host (edgekit.verify) and the board use this one
     function. Returns a dict: metrics, worst_sample, passed, failures."""
     at = (" at %s" % label) if label else ""
     ref64 = np.asarray(ref, dtype=np.float64)
@@ -123,6 +132,13 @@ def check_output(name, kind, ref, got, tol, label=""):
     # a mask with no positive in either output (a wake-word score on speech without the word) has no decision to
     # compare: its values are judged instead, so an IoU of 1 over nothing never passes a build on its own
     empty_mask = kind == "mask" and not bad and not np.any((ref64 >= 0.5) | (got64 >= 0.5))
+    if kind == "detection" and not bad:
+        if ref64.ndim != 3 or ref64.shape[-1] < 5:
+            failures.append("output %r: shape %s is not a detection head [N, anchors, 4 box + objectness (+ classes)]"
+                            " (give it another --output-kind)" % (name, list(ref64.shape)))
+            bad = -1
+        else:
+            empty_mask = not np.any(_detected(ref64) | _detected(got64))  # nothing detected: judged by its values
     if not bad and not err <= allowed and (kind in ("class", "regression") or empty_mask):
         # a mask or index output is judged by its decision (IoU at 0.5, exact match), not its largest pixel error:
         # one boundary pixel of a probability map moving from 0.45 to 0.55 is not a broken build
@@ -163,6 +179,22 @@ def check_output(name, kind, ref, got, tol, label=""):
         if not iou >= tol.get("min_iou", 0.9):
             failures.append("output %r: mask IoU %.3f at threshold 0.5 (needs %.2f%s)" % (
                 name, iou, tol.get("min_iou", 0.9), at))
+    elif kind == "detection" and not bad and not empty_mask:
+        # judged as a user of the detector would: the same anchors detected (IoU of the detected sets, as a mask's),
+        # and their boxes (SNR over the anchors the float model detects); background anchors' values do not count
+        r, g = _detected(ref64), _detected(got64)
+        iou = float(np.count_nonzero(r & g)) / float(np.count_nonzero(r | g))
+        boxes_ref, boxes_got = ref64[..., :4][r], got64[..., :4][r]
+        noise = float(np.sum((boxes_got - boxes_ref) ** 2))
+        snr = float("inf") if noise == 0 else 10 * np.log10(max(float(np.sum(boxes_ref ** 2)), 1e-300) / noise)
+        out["iou"], out["snr_db"], out["detections"] = iou, snr, int(np.count_nonzero(r))
+        if not iou >= tol.get("min_iou", 0.9):
+            failures.append("output %r: detections (score >= %g) overlap the float model's with IoU %.3f over %d "
+                            "anchors (needs %.2f%s)" % (name, DET_SCORE, iou, int(np.count_nonzero(r | g)),
+                                                        tol.get("min_iou", 0.9), at))
+        if r.any() and tol.get("min_snr_db") is not None and not snr >= tol["min_snr_db"]:
+            failures.append("output %r: boxes of the detected anchors at SNR %.1f dB against float (needs %.0f dB%s)" % (
+                name, snr, tol["min_snr_db"], at))
     elif kind == "index" and not bad:
         exact = float(np.mean(got64 == ref64)) if ref64.size else 1.0
         out["exact_match"] = exact
