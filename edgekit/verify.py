@@ -186,15 +186,20 @@ def verify(
             c = smoke.check_output(name, kinds[name], fref[i], fgot[i], tol_d, precision)
             positions[name] = c.get("positions", n)  # a per-position class output ([N, T, C]) has N x T decisions
             v.eval_agreement[name] = {k: float(c[k]) for k in ("top1_agreement", "snr_db", "cosine", "iou",
-                                                                "exact_match", "max_rel_error")
+                                                                "exact_match", "max_rel_error", "disagreements",
+                                                                "near_tie_disagreements")
                                       if c.get(k) is not None and np.isfinite(c[k])}
         if eval_data.labels is None:  # no labels: agreement with the float model on every eval sample
             for i, name in enumerate(names):
                 if kinds[name] == "class":
                     share, m = v.eval_agreement[name]["top1_agreement"], positions[name]
                     what = "eval samples" if m == n else f"positions of {n} eval samples"
+                    ea = v.eval_agreement[name]
+                    ties = (f"; {ea['near_tie_disagreements']:.0f} of the {ea['disagreements']:.0f} disagreements are "
+                            "near-ties (float's top-2 margin under 1% of the output range)"
+                            if ea.get("near_tie_disagreements") else "")
                     v.notes.append(f"output {name!r}: top-1 agrees with float on {share:.1%} of {m} {what} "
-                                   f"(95% CI {wilson(share, m)[0]:.1%}–{wilson(share, m)[1]:.1%}; no labels)")
+                                   f"(95% CI {wilson(share, m)[0]:.1%}–{wilson(share, m)[1]:.1%}; no labels){ties}")
             return v, golden_inputs, ref
         k = eval_output if eval_output is not None else pick_eval_output(model, kinds, None)
         labels = eval_data.labels[:n]

@@ -238,3 +238,21 @@ def test_detection_head_is_judged_by_its_detections_and_their_boxes():
     moved[:, :10, :4] += 1.5  # the detected boxes moved
     assert "boxes of the detected anchors" in smoke.check_output("out", "detection", ref, moved, tol)["failures"][0]
     assert "not a detection head" in smoke.check_output("out", "detection", ref[..., :4], ref[..., :4], tol)["failures"][0]
+
+
+def test_class_disagreements_on_near_ties_are_counted_and_named():
+    """A flipped decision where float's own top-2 margin is under 1% of the range is a near-tie (any rounding may
+    move it); the failure says how many of the disagreements are such, so the user knows what kind of loss it is."""
+    import numpy as np
+
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    tol = {"max_rel_error": 1.0, "abs_floor": 0.0, "min_top1_agreement": 0.99}
+    ref = np.array([[0.5, 0.495, 0.005], [0.9, 0.05, 0.05], [0.2, 0.7, 0.1], [0.6, 0.3, 0.1]])
+    got = ref.copy()
+    got[0], got[1] = [0.49, 0.5, 0.01], [0.3, 0.6, 0.1]  # a near-tie flipped, and a clear decision flipped
+    r = smoke.check_output("o", "class", ref, got, tol)
+    assert (r["disagreements"], r["near_tie_disagreements"]) == (2, 1)
+    assert "1 of the 2 disagreements are near-ties" in r["failures"][0]
+    assert smoke.check_output("o", "class", ref, ref, tol)["disagreements"] == 0
