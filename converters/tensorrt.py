@@ -140,7 +140,7 @@ class TensorRTConverter:
 
         pre = job.work_dir / "preprocessed.onnx"
         method = artifact.meta["quantization"]["calibration_method"]
-        placement = artifact.meta["quantization"].get("qdq_placement", "all")
+        placement = _placement(job)
         quantized = set(TRT_QDQ_OPS) if placement == "tensorrt" else QUANTIZED_OPS
         base_excluded = list(job.options.get("keep_float_nodes") or [])
         ranges_path = _ranges(job, pre, list(job.calib.batches(job.model)), method)
@@ -279,7 +279,6 @@ WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 #   adds rounding TensorRT would otherwise not do: openWakeWord's "hey jarvis" head (LayerNorm as ReduceMean/Sub/
 #   Pow/Sqrt/Div) moved a 0.15 score to 0.43 with it.
 # "all": onnxruntime's default (every op it has a QDQ rule for, inputs and outputs): the earlier behaviour.
-QDQ_PLACEMENTS = ("tensorrt", "all")
 TRT_QDQ_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool")
 # ops whose nodes quantize_static gives Q/DQ under "all" and that mixed precision may keep float
 QUANTIZED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Concat", "AveragePool",
@@ -288,10 +287,7 @@ QUANTIZED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Conca
 
 
 def _placement(job: ConvertJob) -> str:
-    got = job.options.get("qdq") or "tensorrt"  # validated by converters.TensorRTOptions
-    if got not in QDQ_PLACEMENTS:
-        raise ConversionError(f"--option qdq={got!r}: choose one of {', '.join(QDQ_PLACEMENTS)}")
-    return got
+    return job.options.get("qdq") or "tensorrt"  # validated by converters.TensorRTOptions (pipeline.convert)
 
 
 def _preprocessed(job: ConvertJob, src: Path) -> Path:

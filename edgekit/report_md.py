@@ -21,8 +21,9 @@ def _ci(ci: Any) -> str:
 def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
     m = o.get("metrics") or {}
     if o.get("kind") == "detection" and "iou" in m:
-        return (f"detections IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g}), boxes SNR {m.get('snr_db', float('inf')):.1f} dB"
-                + (f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""))
+        need = f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""
+        return (f"detections IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g}), "
+                f"boxes SNR {m.get('snr_db', float('inf')):.1f} dB{need}")
     if "snr_db" in m:
         need = f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""
         return f"SNR {m['snr_db']:.1f} dB{need}, cosine {m.get('cosine', float('nan')):.5f}"

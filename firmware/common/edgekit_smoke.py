@@ -136,7 +136,7 @@ def check_output(name, kind, ref, got, tol, label=""):
         if ref64.ndim != 3 or ref64.shape[-1] < 5:
             failures.append("output %r: shape %s is not a detection head [N, anchors, 4 box + objectness (+ classes)]"
                             " (give it another --output-kind)" % (name, list(ref64.shape)))
-            bad = -1
+            bad = -1  # no metric below for it (they all run on ``not bad``); its failure is the line above
         else:
             empty_mask = not np.any(_detected(ref64) | _detected(got64))  # nothing detected: judged by its values
     if not bad and not err <= allowed and (kind in ("class", "regression") or empty_mask):
