@@ -24,6 +24,9 @@ def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
         need = f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""
         return (f"detections IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g}), "
                 f"boxes SNR {m.get('snr_db', float('inf')):.1f} dB{need}")
+    if o.get("kind") == "ctc" and "text_agreement" in m:
+        return (f"text matches on {m['text_agreement']:.1%}, CER {m.get('cer', 0):.2%}, "
+                f"confidence ±{m.get('confidence_max_diff', 0):.3f}")
     if "snr_db" in m:
         need = f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""
         return f"SNR {m['snr_db']:.1f} dB{need}, cosine {m.get('cosine', float('nan')):.5f}"

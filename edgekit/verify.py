@@ -31,7 +31,7 @@ class OutputCheck:
     min_top1_agreement: float | None
     passed: bool
     top1_agreement_ci95: tuple[float, float] | None = None  # Wilson interval over the golden samples
-    kind: str = "regression"  # class | regression | mask | index
+    kind: str = "regression"  # class | regression | mask | index | detection | ctc
     metrics: dict[str, float] = field(default_factory=dict)  # the kind's own: snr_db, cosine, top5, iou, exact
     worst_sample: int | None = None  # golden sample index with the largest error
 
@@ -166,7 +166,8 @@ def verify(
     for name, r, g in zip(names, ref, got, strict=True):
         c = smoke.check_output(name, kinds[name], r, g, tol_d, precision)
         agree = c["top1_agreement"]
-        metrics = {k: c[k] for k in ("snr_db", "cosine", "top5_agreement", "iou", "exact_match") if k in c}
+        metrics = {k: c[k] for k in ("snr_db", "cosine", "top5_agreement", "iou", "exact_match", "text_agreement",
+                                     "cer", "confidence_max_diff") if k in c}
         checks.append(OutputCheck(
             name, c["max_abs_error"], c["max_abs_reference"], c["max_rel_error"], c["tolerance_rel"], agree,
             tol.min_top1_agreement if agree is not None else None, c["passed"],
@@ -187,10 +188,17 @@ def verify(
             positions[name] = c.get("positions", n)  # a per-position class output ([N, T, C]) has N x T decisions
             v.eval_agreement[name] = {k: float(c[k]) for k in ("top1_agreement", "snr_db", "cosine", "iou",
                                                                 "exact_match", "max_rel_error", "disagreements",
-                                                                "near_tie_disagreements")
+                                                                "near_tie_disagreements", "text_agreement", "cer",
+                                                                "confidence_max_diff")
                                       if c.get(k) is not None and np.isfinite(c[k])}
         if eval_data.labels is None:  # no labels: agreement with the float model on every eval sample
             for i, name in enumerate(names):
+                if kinds[name] == "ctc":
+                    ea = v.eval_agreement[name]
+                    v.notes.append(f"output {name!r}: the decoded text matches float on {ea['text_agreement']:.1%} of "
+                                   f"{n} eval samples (95% CI {wilson(ea['text_agreement'], n)[0]:.1%}–"
+                                   f"{wilson(ea['text_agreement'], n)[1]:.1%}; no labels), character error rate "
+                                   f"{ea['cer']:.2%}, line confidence moves by {ea['confidence_max_diff']:.3f} at most")
                 if kinds[name] == "class":
                     share, m = v.eval_agreement[name]["top1_agreement"], positions[name]
                     what = "eval samples" if m == n else f"positions of {n} eval samples"

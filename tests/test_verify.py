@@ -240,6 +240,38 @@ def test_detection_head_is_judged_by_its_detections_and_their_boxes():
     assert "not a detection head" in smoke.check_output("out", "detection", ref[..., :4], ref[..., :4], tol)["failures"][0]
 
 
+def test_ctc_output_is_judged_by_the_text_it_decodes_to():
+    """A CTC recogniser's per-step softmax [N, T, classes]: a blank step's probabilities moving a lot (a max-error
+    check failed PP-OCR's INT8 build on them) does not fail the build while the text and line confidence hold;
+    a changed character or a line confidence moved past the tolerance does."""
+    import numpy as np
+
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    tol = {"max_rel_error": 0.15, "abs_floor": 0.01, "min_top1_agreement": 0.9}
+    n, t, c = 20, 12, 6
+    best = np.tile(np.array([0, 1, 1, 0, 2, 0, 0, 3, 3, 3, 0, 0]), (n, 1))  # decodes to (1, 2, 3)
+    ref = np.full((n, t, c), 0.02)
+    np.put_along_axis(ref, best[..., None], 0.9, axis=-1)
+    got = ref.copy()
+    got[:, 0, 0], got[:, 0, 5] = 0.5, 0.42  # a blank step nearly flips: 0.4 of the range, same decision
+    r = smoke.check_output("probs", "ctc", ref, got, tol)
+    assert r["passed"] and r["text_agreement"] == 1.0 and r["cer"] == 0.0, r["failures"]
+    assert not smoke.check_output("probs", "class", ref, got, tol)["passed"]  # the per-position judgement failed it
+    wrong = ref.copy()
+    wrong[:4, 4, 2], wrong[:4, 4, 4] = 0.02, 0.9  # 4 of 20 lines read another second character
+    r = smoke.check_output("probs", "ctc", ref, wrong, tol)
+    assert not r["passed"] and "80.0% of 20 samples" in r["failures"][0] and abs(r["cer"] - 4 / 60) < 1e-9
+    unsure = ref.copy()
+    unsure[:, [1, 2, 4, 7, 8, 9], :] = np.where(unsure[:, [1, 2, 4, 7, 8, 9], :] > 0.5, 0.55, 0.09)
+    r = smoke.check_output("probs", "ctc", ref, unsure, tol)  # same text, every character 0.35 less sure
+    assert not r["passed"] and "confidence moves by 0.350" in r["failures"][0]
+    logits = np.log(ref)  # logits are decoded the same way (softmax first)
+    assert smoke.check_output("probs", "ctc", logits, logits, tol)["text_agreement"] == 1.0
+    assert "not a CTC output" in smoke.check_output("probs", "ctc", ref[:, 0], ref[:, 0], tol)["failures"][0]
+
+
 def test_class_disagreements_on_near_ties_are_counted_and_named():
     """A flipped decision where float's own top-2 margin is under 1% of the range is a near-tie (any rounding may
     move it); the failure says how many of the disagreements are such, so the user knows what kind of loss it is."""

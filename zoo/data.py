@@ -14,6 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
+# bumped whenever a recipe's output changes, so the zoo's cached inputs are rebuilt (zoo.run.prepare_data)
+# 2: text lines are single lines (page flattened and cut per line; typeset sentences), no longer multi-line bands
+VERSION = 2
 SAMPLES = 160  # per model: calibration, 64 golden, the rest held-out eval
 SR = 16000
 SENTENCES = [
@@ -83,31 +86,62 @@ def photo_gray_pm1(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     return np.ascontiguousarray((x - 0.5) * 2.0, dtype=np.float32)
 
 
-def _text_lines(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
-    """Bands of text from scikit-image's scanned page and its text photograph, cut at the gaps between lines
-    (horizontal ink profile), windows along each line, dark text on light paper, [N, h, w] 0..255."""
-    from skimage import data
+def _page_lines() -> list[np.ndarray]:
+    """The lines of scikit-image's scanned page (191 x 384, uneven light): the paper flattened (divided by a
+    wide blur of itself), cut at the gaps of the horizontal ink profile, each line a band of a few pixels' margin."""
+    from skimage import data, filters
 
+    img = np.asarray(data.page(), np.float32)
+    flat = np.clip(img / np.maximum(filters.gaussian(img, sigma=15, preserve_range=True), 1.0) * 235.0, 0, 255)
+    rows = (flat < 170).mean(axis=1) > 0.035
+    lines, start = [], None
+    for y, on in enumerate(np.append(rows, False)):
+        if on and start is None:
+            start = y
+        elif not on and start is not None:
+            if y - start >= 8:
+                lines.append(flat[max(0, start - 2):min(len(flat), y + 2)])
+            start = None
+    return lines
+
+
+def _rendered_line(text: str, h: int, w: int, rng: np.random.Generator) -> np.ndarray:
+    """``text`` typeset with Pillow's bundled TrueType font: dark ink on light paper, [h, w] 0..255. As many
+    whole words as fit the width at a glyph height of 55-75% of ``h``; a little blur and sensor noise."""
+    from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+    font = ImageFont.load_default(size=max(8, int(h * rng.uniform(0.55, 0.75))))
+    words = text.split()
+    start = int(rng.integers(0, max(1, len(words) - 2)))
+    line = words[start]
+    for word in words[start + 1:]:
+        if font.getlength(line + " " + word) > w * 0.92:
+            break
+        line += " " + word
+    paper, ink = float(rng.uniform(200, 250)), float(rng.uniform(10, 70))
+    img = Image.new("L", (w, h), int(paper))
+    left, top, right, bottom = font.getbbox(line)
+    ImageDraw.Draw(img).text((int(rng.integers(2, 8)) - left, (h - (bottom - top)) // 2 - top), line,
+                             fill=int(ink), font=font)
+    img = img.filter(ImageFilter.GaussianBlur(float(rng.uniform(0.3, 0.9))))
+    return np.clip(np.asarray(img, np.float32) + rng.normal(0, 4, (h, w)), 0, 255).astype(np.float32)
+
+
+def _text_lines(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
+    """Text lines as an OCR recogniser sees them, dark text on light paper, [N, h, w] 0..255: every other one a
+    window of a few words along a line of scikit-image's scanned page, the rest English sentences
+    (:func:`sentences`) typeset with Pillow's bundled font."""
     rng = np.random.default_rng(seed)
-    lines = []
-    for img in (np.asarray(data.page(), np.float32), np.asarray(data.text(), np.float32)):
-        ink = (img < img.mean() - 0.5 * img.std()).mean(axis=1)
-        rows = ink > 0.02
-        start = None
-        for y, on in enumerate(np.append(rows, False)):
-            if on and start is None:
-                start = y
-            elif not on and start is not None:
-                if y - start >= 6:
-                    pad = max(2, (y - start) // 4)
-                    lines.append(img[max(0, start - pad):min(len(img), y + pad)])
-                start = None
+    lines, texts = _page_lines(), sentences()
     out = []
     for i in range(n):
-        band = lines[i % len(lines)]
+        if i % 2:
+            out.append(_rendered_line(texts[(i // 2) % len(texts)], h, w, rng))
+            continue
+        band = lines[(i // 2) % len(lines)]
         bh, bw = band.shape
-        cw = min(bw, max(8, int(bh * w / h * rng.uniform(0.8, 1.5))))
-        x = rng.integers(0, bw - cw + 1)
+        cw = min(bw, max(8, int(bh * w / h * rng.uniform(0.7, 1.0))))
+        x = int(rng.integers(0, bw - cw + 1))
         out.append(_resize(band[:, x:x + cw], h, w))
     return np.stack(out)
 

@@ -4,6 +4,7 @@ and the table in Markdown and JSON."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -23,8 +24,10 @@ CELL_TIMEOUT_S = 900
 
 
 def prepare_data(m: ZooModel, log=lambda s: None) -> Path:
-    """The model's real inputs as ``<cache>/data/<name>.npz`` (built once)."""
-    dest = cache_dir() / "data" / f"{m.name}.npz"
+    """The model's real inputs as ``<cache>/data/<name>-<key>.npz``, built once per recipe: the key hashes the
+    recipe and ``zoo.data.VERSION``, so a changed recipe never reuses inputs an older one made."""
+    key = hashlib.sha256(f"{m.data}|{zdata.VERSION}".encode()).hexdigest()[:10]
+    dest = cache_dir() / "data" / f"{m.name}-{key}.npz"
     if dest.is_file():
         return dest
     # openWakeWord's heads take features its own front end makes: those two zoo models run in the recipe
@@ -120,7 +123,9 @@ def run(models: list[str] | None = None, targets: list[str] | None = None, out: 
 def _agree(c: dict) -> str:
     parts = []
     for name, a in (c.get("eval_agreement") or {}).items():
-        if "top1_agreement" in a:
+        if "text_agreement" in a:  # a CTC recogniser: the text it reads
+            parts.append(f"text {a['text_agreement']:.1%}, CER {a.get('cer', 0):.1%}")
+        elif "top1_agreement" in a:
             parts.append(f"top-1 {a['top1_agreement']:.1%}")
         elif "iou" in a and "snr_db" in a:  # a detection head: the detected anchors, and their boxes
             parts.append(f"detections IoU {a['iou']:.2f}, boxes SNR {a['snr_db']:.0f} dB")

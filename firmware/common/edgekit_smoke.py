@@ -60,10 +60,37 @@ def peak_rss_mb():
         return None
 
 
-KINDS = ("class", "regression", "mask", "index", "detection")
+KINDS = ("class", "regression", "mask", "index", "detection", "ctc")
 # ``detection``: a YOLO-style head [N, anchors, 4 box + objectness (+ class scores)]; an anchor is a detection where
 # objectness x its best class score reaches DET_SCORE (the usual confidence threshold of YOLO deployments)
 DET_SCORE = 0.25
+
+
+# ``ctc``: a CTC recogniser's [N, T, classes] (probabilities or logits) judged as the text it decodes to: greedy
+# decoding (arg-max per step, repeats merged, blank = class 0, PaddleOCR's, ddddocr's and torch's CTC default)
+
+
+def _ctc_decode(steps):
+    """One sample's [T, classes] -> (the decoded class indices, the line's confidence: the mean probability of
+    the steps that emitted them, as PaddleOCR/RapidOCR score a line; 1.0 for an empty line)."""
+    p = np.asarray(steps, dtype=np.float64)
+    if not (p.min() >= 0 and p.max() <= 1 and np.allclose(p.sum(axis=-1), 1.0, atol=1e-3)):  # logits: softmax
+        p = np.exp(p - p.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+    best = np.argmax(p, axis=-1)
+    keep = (best != 0) & np.append(True, best[1:] != best[:-1])
+    conf = p[np.arange(len(best)), best][keep]
+    return tuple(int(c) for c in best[keep]), float(conf.mean()) if conf.size else 1.0
+
+
+def _edits(a, b):
+    """Levenshtein distance between two sequences (insertions, deletions, substitutions)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (x != y))
+    return row[-1]
 
 
 def _detected(a):
@@ -106,7 +133,9 @@ def check_output(name, kind, ref, got, tol, label=""):
     failed on noise); ``mask`` and ``index`` outputs are judged by their decisions. ``class``: top-1 (and top-5) agreement;
     ``regression``: SNR in dB (min_snr_db where the profile sets it) and cosine similarity; ``mask``: IoU at
     0.5 (min_iou); ``index``: exact match (min_exact); ``detection`` ([N, anchors, 4 box + objectness (+ classes)]):
-    IoU of the detected anchors (score >= DET_SCORE, min_iou) and SNR of their boxes (min_snr_db). The host (edgekit.verify) and the board use this one
+    IoU of the detected anchors (score >= DET_SCORE, min_iou) and SNR of their boxes (min_snr_db); ``ctc`` ([N, T,
+    classes]): the greedy-decoded text matches on min_top1_agreement of the samples, and each line's confidence
+    (mean probability of its characters) within max_rel_error. The host (edgekit.verify) and the board use this one
     function. Returns a dict: metrics, worst_sample, passed, failures."""
     at = (" at %s" % label) if label else ""
     ref64 = np.asarray(ref, dtype=np.float64)
@@ -139,6 +168,10 @@ def check_output(name, kind, ref, got, tol, label=""):
             bad = -1  # no metric below for it (they all run on ``not bad``); its failure is the line above
         else:
             empty_mask = not np.any(_detected(ref64) | _detected(got64))  # nothing detected: judged by its values
+    if kind == "ctc" and not bad and ref64.ndim != 3:
+        failures.append("output %r: shape %s is not a CTC output [N, time steps, classes] (give it another "
+                        "--output-kind)" % (name, list(ref64.shape)))
+        bad = -1
     if not bad and not err <= allowed and (kind in ("class", "regression") or empty_mask):
         # a mask or index output is judged by its decision (IoU at 0.5, exact match), not its largest pixel error:
         # one boundary pixel of a probability map moving from 0.45 to 0.55 is not a broken build
@@ -201,6 +234,23 @@ def check_output(name, kind, ref, got, tol, label=""):
         if r.any() and tol.get("min_snr_db") is not None and not snr >= tol["min_snr_db"]:
             failures.append("output %r: boxes of the detected anchors at SNR %.1f dB against float (needs %.0f dB%s)" % (
                 name, snr, tol["min_snr_db"], at))
+    elif kind == "ctc" and not bad:
+        # judged as the recogniser's user reads it: the decoded text (exact per sample, and the character error
+        # rate), and the line confidence an OCR pipeline thresholds (RapidOCR drops lines under 0.5)
+        dec = [(_ctc_decode(r), _ctc_decode(g)) for r, g in zip(ref64, got64)]
+        same = float(np.mean([a[0] == b[0] for a, b in dec])) if dec else 1.0
+        chars = sum(len(a[0]) for a, _ in dec)
+        cer = sum(_edits(a[0], b[0]) for a, b in dec) / max(1, chars)
+        dconf = max([abs(a[1] - b[1]) for a, b in dec] or [0.0])
+        out.update(text_agreement=same, cer=cer, confidence_max_diff=dconf, characters=chars,
+                   min_text_agreement=tol["min_top1_agreement"])
+        if not same >= tol["min_top1_agreement"]:
+            failures.append("output %r: the decoded text matches float on %.1f%% of %d samples (needs %.0f%%%s); "
+                            "character error rate %.2f%% over %d characters" % (
+                                name, 100 * same, n, 100 * tol["min_top1_agreement"], at, 100 * cer, chars))
+        if not dconf <= max(tol["max_rel_error"], floor):
+            failures.append("output %r: a line's confidence moves by %.3f (tolerance %.3f%s)" % (
+                name, dconf, max(tol["max_rel_error"], floor), at))
     elif kind == "index" and not bad:
         exact = float(np.mean(got64 == ref64)) if ref64.size else 1.0
         out["exact_match"] = exact
