@@ -499,7 +499,8 @@ class TFLiteConverter:
                          "nodes_kept_float": list(keep)})
             job.log(f"PT2E calibrated on {n_batches} batches; {q.binary_nodes} add/mul node(s) quantized "
                     f"({q.fixed_adds} annotated by edgekit where litert-torch's annotator missed them); edgekit "
-                    f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} (BatchNorm after ReLU, PReLU)")
+                    f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} into int8 ops (BatchNorm after "
+                    "ReLU, PReLU, x**2, division by a sqrt or a constant)")
         return info, edge
 
     def _exported(self, job: ConvertJob, module, sample):

@@ -11,7 +11,9 @@ SOFTMAX after an unannotated op ...). Two steps close that gap:
                    depthwise 1x1 conv whose weights are the BN scale and whose bias is its shift, so
                    the per-channel scale is quantized as a conv weight (per channel), not as an
                    activation tensor; PReLU likewise becomes ``relu(x) - relu(-x) * alpha`` with
-                   alpha as depthwise conv weights.
+                   alpha as depthwise conv weights; ``x ** 2`` becomes ``x * x``, ``a / sqrt(b)``
+                   ``a * rsqrt(b)`` and ``a / c`` (a constant) ``a * (1 / c)``: a LayerNorm written out
+                   (paddle2onnx, older exporters) then runs on TFLite's int8 MUL / RSQRT / MEAN / SUB.
 ``annotate(gm, cfg)``  (after litert-torch's annotators) gives every remaining op with an int8
                    kernel its quantization spec, by how TFLite's int8 kernel treats scales
                    (tensorflow/lite/tools/optimize/operator_property.cc): ops that move values
@@ -45,7 +47,8 @@ def _ops():
             a.upsample_bilinear2d.vec, a.upsample_bilinear2d.default, a.sub.Tensor, a.rsub.Scalar,
             a.sub.Scalar, a.mul.Scalar, a.add.Scalar, a.div.Tensor, a.div.Scalar, a.neg.default,
             a.maximum.default, a.minimum.default, a.add.Tensor, a.mul.Tensor, a.matmul.default, a.bmm.default,
-            a.sum.dim_IntList, a.abs.default, a.square.default, a.silu.default, a.hardsigmoid.default}
+            a.sum.dim_IntList, a.abs.default, a.square.default, a.silu.default, a.hardsigmoid.default,
+            a.rsqrt.default}
     # fixed output scale: softmax / sigmoid 1/256 at -128, tanh 1/128 at 0 (TFLite's int8 kernels)
     fixed = {a.softmax.int: (1 / 256, -128), a._softmax.default: (1 / 256, -128), a.sigmoid.default: (1 / 256, -128),
              a.tanh.default: (1 / 128, 0), a.log_softmax.int: (16 / 256, 127)}
@@ -53,7 +56,8 @@ def _ops():
 
 
 def transform(gm: Any) -> int:
-    """Rewrite unfoldable BatchNorm and PReLU into depthwise 1x1 convs (constants as weights).
+    """Rewrite unfoldable BatchNorm and PReLU into depthwise 1x1 convs (constants as weights), squares into
+    products, divisions by a square root or a constant into products.
     Returns the number of nodes rewritten."""
     torch = require("torch")
     a = torch.ops.aten
@@ -104,6 +108,30 @@ def transform(gm: Any) -> int:
                 neg = _call(gm, node, a.relu.default, (_call(gm, node, a.neg.default, (x,)),))
                 scaled = _depthwise(gm, node, neg, -alpha_t, None, rank)
                 out = _call(gm, node, a.add.Tensor, (pos, scaled))
+            node.replace_all_uses_with(out)
+            gm.graph.erase_node(node)
+            n_done += 1
+        elif node.target in (a.pow.Tensor_Scalar, a.pow.Tensor_Tensor):
+            x, e = node.args[:2]
+            ev = e if not isinstance(e, torch.fx.Node) else _value(gm, e) if _const(gm, e) else None
+            if ev is None or (torch.is_tensor(ev) and ev.numel() != 1) or float(ev) != 2.0:
+                continue
+            with gm.graph.inserting_before(node):  # x ** 2 -> x * x (TFLite has no int8 POW; MUL is int8)
+                out = _call(gm, node, a.mul.Tensor, (x, x))
+            node.replace_all_uses_with(out)
+            gm.graph.erase_node(node)
+            n_done += 1
+        elif node.target == a.div.Tensor and isinstance(node.args[1], torch.fx.Node):
+            num, den = node.args[:2]
+            if getattr(den, "target", None) == a.sqrt.default and all(
+                    u.target == a.div.Tensor and u.args[1] is den and u.args[0] is not den for u in den.users):
+                with gm.graph.inserting_before(node):  # a / sqrt(b) -> a * rsqrt(b): TFLite RSQRT and MUL are int8
+                    out = _call(gm, node, a.mul.Tensor, (num, _call(gm, node, a.rsqrt.default, (den.args[0],))))
+            elif _const(gm, den) and bool(torch.all(_value(gm, den) != 0)):
+                with gm.graph.inserting_before(node):  # a / c -> a * (1 / c)
+                    out = _call(gm, node, a.mul.Tensor, (num, _attr(gm, node, "reciprocal", 1.0 / _value(gm, den))))
+            else:
+                continue
             node.replace_all_uses_with(out)
             gm.graph.erase_node(node)
             n_done += 1

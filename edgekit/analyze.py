@@ -113,7 +113,8 @@ def analyze_model(model: Any, work_dir: Path, target: Any = None, opset: int | N
                            opset or (target.opset if target is not None else None) or 18)
     else:
         path = Path(model.onnx_path)
-    return analyze_onnx(path, target.supported_ops if target is not None else None, name), path
+    return analyze_onnx(path, target.supported_ops if target is not None else None, name,
+                        target.rewrites if target is not None else None), path
 
 
 def _subgraphs(node: Any, onnx: Any) -> list[Any]:
@@ -128,7 +129,46 @@ def _subgraphs(node: Any, onnx: Any) -> list[Any]:
     return out
 
 
-def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str | None = None) -> ModelStats:
+def _rewritable(nodes: list[Any], consts: dict[str, Any], numpy_helper: Any, rewrites: list[str]) -> set[int]:
+    """The nodes (by id) the target's converter rewrites into ops it runs (``Target.rewrites``), so the op check
+    does not refuse them: ``Pow``: a square (constant exponent 2) -> x * x; ``Sqrt`` whose every reader divides
+    by it, and that ``Div`` -> a * rsqrt(b); ``Div`` by a constant -> a * (1 / c). A LayerNorm written out
+    (ReduceMean, Sub, Pow 2, ReduceMean, Add, Sqrt, Div, as paddle2onnx and older exporters write it) is such."""
+    import numpy as np
+
+    def value(name: str) -> Any:
+        t = consts.get(name)
+        return None if t is None else numpy_helper.to_array(t)
+
+    readers: dict[str, list[Any]] = {}
+    for n in nodes:
+        for i in n.input:
+            readers.setdefault(i, []).append(n)
+    out: set[int] = set()
+    sqrt_out = {n.output[0]: n for n in nodes if n.op_type == "Sqrt" and "Sqrt" in rewrites and n.output}
+    for n in nodes:
+        if n.op_type == "Pow" and "Pow" in rewrites and len(n.input) == 2:
+            e = value(n.input[1])
+            if e is not None and e.size == 1 and float(e.reshape(-1)[0]) == 2.0:
+                out.add(id(n))
+        elif n.op_type == "Sqrt" and n.output and n.output[0] in sqrt_out:
+            users = readers.get(n.output[0], [])
+            if users and all(u.op_type == "Div" and len(u.input) == 2 and u.input[1] == n.output[0]
+                             and u.input[0] != n.output[0] for u in users):
+                out.add(id(n))
+        elif n.op_type == "Div" and "Div" in rewrites and len(n.input) == 2:
+            c = value(n.input[1])
+            if (c is not None and np.all(np.asarray(c, dtype=np.float64) != 0)) or n.input[1] in sqrt_out:
+                out.add(id(n))
+    # a Div by a Sqrt is rewritten only together with that Sqrt
+    for n in nodes:
+        if n.op_type == "Div" and id(n) in out and n.input[1] in sqrt_out and id(sqrt_out[n.input[1]]) not in out:
+            out.discard(id(n))
+    return out
+
+
+def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str | None = None,
+                 rewrites: list[str] | None = None) -> ModelStats:
     onnx = require("onnx")
     from onnx import numpy_helper, shape_inference
 
@@ -214,9 +254,11 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
     unsupported = []
     if supported_ops is not None:
         allowed = set(supported_ops)
-        for n in list(g.node) + [m for sg in subgraphs for m in sg.node if m.op_type != "Constant"]:
+        nodes = list(g.node) + [m for sg in subgraphs for m in sg.node if m.op_type != "Constant"]
+        rewritten = _rewritable(nodes, {**inits, **const_vals}, numpy_helper, rewrites or [])
+        for n in nodes:
             key = n.op_type if not n.domain or n.domain == "ai.onnx" else f"{n.domain}::{n.op_type}"
-            if key not in allowed:
+            if key not in allowed and id(n) not in rewritten:
                 unsupported.append({"op": key, "node": n.name or "(unnamed)"})
     return _model_stats(layers, weight_params, other_params, peak, total, sum(nbytes(i) for i in graph_inputs),
                         ops, unsupported, target)

@@ -205,6 +205,10 @@ class Target(_Strict):
     supported_tflite_ops: list[str] | None = Field(
         default=None, description="TFLite builtin ops the target runs, checked on the float .tflite of Keras / "
         "SavedModel input (analyzed as TFLite, not ONNX); None = not checked")
+    rewrites: list[str] = Field(
+        default_factory=list, description="ONNX ops outside supported_ops that the converter rewrites into ops the "
+        "target runs, where their pattern allows (edgekit.analyze._rewritable: Pow 2 -> Mul, Div by a Sqrt -> "
+        "Rsqrt + Mul, Div by a constant -> Mul)")
     converter_gaps: dict[str, str] = Field(
         default_factory=dict, description="op -> why edgekit refuses it although the target's runtime has it (a "
         "limitation of edgekit's converter, said so in the refusal)")

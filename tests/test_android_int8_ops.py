@@ -114,3 +114,78 @@ def test_refusal_says_whose_limitation_it_is():
     assert msg.startswith("target android cannot run 1 op(s) at int8: Log (node node_log); LSTM (node node_lstm): ")
     assert "a limitation of edgekit's converter, not of the target" in msg
     assert op_refusal(stats, load_target("android"), {}, precision="fp32") is None  # the int8 list only
+
+
+class LayerNormNet(nn.Module):
+    """Each digit row is a token: Linear, a LayerNorm written out as paddle2onnx and older exporters write it
+    (ReduceMean, Sub, Pow 2, ReduceMean, Add, Sqrt, Div), ReLU, the rows flattened, Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Linear(8, 32)
+        self.gamma = nn.Parameter(torch.ones(32))
+        self.beta = nn.Parameter(torch.zeros(32))
+        self.head = nn.Linear(8 * 32, 10)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        h = self.embed(rows)
+        d = h - h.mean(dim=-1, keepdim=True)
+        h = d / torch.sqrt((d ** 2).mean(dim=-1, keepdim=True) + 1e-5) * self.gamma + self.beta
+        return self.head(torch.relu(h).flatten(1))
+
+
+def test_layernorm_written_out_runs_fully_int8(tmp_path):
+    """An ONNX LayerNorm of Pow / Sqrt / Div (none has a TFLite int8 kernel) was refused at int8; the converter
+    now writes x**2 as MUL and a / sqrt(b) as a * RSQRT(b): the build is full-integer and keeps the accuracy of
+    the float model on held-out digits. A Pow that is not a square stays refused."""
+    import onnx
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from edgekit.analyze import analyze_onnx
+    from edgekit.profiles import load_target
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target.astype(np.int64), test_size=0.25, random_state=0,
+                                              stratify=d.target)
+    torch.manual_seed(0)
+    model = LayerNormNet()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    xt, yt = torch.from_numpy(x_tr), torch.from_numpy(y_tr)
+    for _ in range(30):
+        for i in range(0, len(xt), 64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xt[i:i + 64]), yt[i:i + 64]).backward()
+            opt.step()
+    model.eval()
+    path = tmp_path / "ln.onnx"
+    # the TorchScript exporter at opset 13 writes the graph as paddle2onnx does (ReduceMean's axes an attribute)
+    torch.onnx.export(model, (torch.zeros(1, 8, 8),), str(path), input_names=["rows"], output_names=["logits"],
+                      opset_version=13, dynamo=False)
+    ops = {n.op_type for n in onnx.load(str(path)).graph.node}
+    assert {"Pow", "Sqrt", "Div"} <= ops, ops
+    android = load_target("android")
+    assert analyze_onnx(path, android.supported_ops, "android", android.rewrites).unsupported == []
+    assert {u["op"] for u in analyze_onnx(path, android.supported_ops, "android").unsupported} == {"Pow", "Sqrt",
+                                                                                                   "Div"}
+    np.savez(tmp_path / "calib.npz", rows=x_tr[:300])
+    np.savez(tmp_path / "eval.npz", rows=x_te, label=y_te)
+    res = convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
+                  eval_data=str(tmp_path / "eval.npz"))
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is True and art["float_ops"] == [], art
+    assert art["op_counts"].get("RSQRT") == 1 and "POW" not in art["op_counts"] and "DIV" not in art["op_counts"]
+    v = res.verification
+    assert v.float_accuracy > 0.9 and v.passed, (v.float_accuracy, v.failures)
+    assert 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0, (v.float_accuracy, v.converted_accuracy)
+
+    cube = onnx.load(str(path))  # the same graph with x**3: no int8 rewrite, refused by name
+    pow_exp = next(n.input[1] for n in cube.graph.node if n.op_type == "Pow")
+    for t in [i for i in cube.graph.initializer if i.name == pow_exp] + [
+            n.attribute[0].t for n in cube.graph.node if n.op_type == "Constant" and n.output[0] == pow_exp]:
+        arr = onnx.numpy_helper.to_array(t)
+        t.CopyFrom(onnx.numpy_helper.from_array(np.full(arr.shape, 3.0, arr.dtype), t.name))
+    onnx.save(cube, str(tmp_path / "cube.onnx"))
+    bad = analyze_onnx(tmp_path / "cube.onnx", android.supported_ops, "android", android.rewrites).unsupported
+    assert [u["op"] for u in bad] == ["Pow"], bad
