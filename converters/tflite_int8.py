@@ -55,6 +55,16 @@ def _ops():
     return same, free, fixed
 
 
+def _compare_ops():
+    """Comparisons (bool out): TFLite's GREATER / GREATER_EQUAL / LESS / LESS_EQUAL take int8 inputs (each
+    rescaled), so only their inputs are annotated; ``where`` is SELECT_V2, whose int8 kernel copies values and
+    so needs both branches and its output at one scale (shared)."""
+    torch = require("torch")
+    a = torch.ops.aten
+    return ({a.ge.Tensor, a.ge.Scalar, a.gt.Tensor, a.gt.Scalar, a.le.Tensor, a.le.Scalar, a.lt.Tensor, a.lt.Scalar},
+            {a.where.self})
+
+
 def transform(gm: Any) -> int:
     """Rewrite unfoldable BatchNorm and PReLU into depthwise 1x1 convs (constants as weights), squares into
     products, divisions by a square root or a constant into products.
@@ -163,6 +173,25 @@ def annotate(gm: Any, cfg: Any) -> int:
             # RELU in the .tflite). The op's own output is quantized for them.
             ann.output_qspec = act_out
             n_done += 1
+            continue
+        compare, select = _compare_ops()
+        if node.op == "call_function" and node.target in compare | select and not (ann is not None and ann._annotated):
+            ins = [x for x in _tensor_args(node) if _is_float_tensor(x)]
+            if ins and (node.target in compare or (_is_float_tensor(node) and len(ins) == 2)):
+                x = ins[0]
+                src = x.meta.get("quantization_annotation")
+                first = SharedQuantizationSpec(x) if (src is not None and src.output_qspec is not None
+                                                      and src._annotated) else act_in
+                in_map = {x: first}
+                out = None
+                if node.target in select:  # both branches and the output at the first branch's scale
+                    out = SharedQuantizationSpec((x, node)) if first is act_in else first
+                    in_map[ins[1]] = out
+                else:
+                    in_map.update({y: act_in for y in ins[1:]})
+                node.meta["quantization_annotation"] = QuantizationAnnotation(
+                    input_qspec_map=in_map, output_qspec=out, _annotated=True)
+                n_done += 1
             continue
         if node.op != "call_function" or node.target not in same | free | set(fixed):
             continue

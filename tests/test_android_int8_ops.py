@@ -189,3 +189,35 @@ def test_layernorm_written_out_runs_fully_int8(tmp_path):
     onnx.save(cube, str(tmp_path / "cube.onnx"))
     bad = analyze_onnx(tmp_path / "cube.onnx", android.supported_ops, "android", android.rewrites).unsupported
     assert [u["op"] for u in bad] == ["Pow"], bad
+
+
+class Cascade(nn.Module):
+    """openWakeWord's verifier cascade (an ONNX If on ``p1 >= 0.5``, which the ONNX bridge writes as a select):
+    a first score, and where it fires, a second model's score instead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first, self.second = nn.Linear(16, 1), nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        p1 = torch.sigmoid(self.first(x))
+        return torch.where(p1 >= 0.5, torch.sigmoid(self.second(x)), p1)
+
+
+def test_comparison_and_select_run_int8(tmp_path):
+    """GreaterOrEqual and Where have int8 kernels (GREATER_EQUAL takes int8 inputs, SELECT_V2 copies int8
+    values at one shared scale): the cascade converts full-integer and matches the float model."""
+    torch.manual_seed(0)
+    model = Cascade().eval()
+    path = tmp_path / "cascade.onnx"
+    torch.onnx.export(model, (torch.zeros(1, 16),), str(path), input_names=["x"], output_names=["score"],
+                      opset_version=13, dynamo=False)
+    x = np.random.default_rng(0).normal(size=(300, 16)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    res = convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
+                  output_kinds={"score": "regression"})
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is True and art["float_ops"] == [], art
+    assert art["op_counts"].get("GREATER_EQUAL") == 1 and art["op_counts"].get("SELECT", 0) + art["op_counts"].get(
+        "SELECT_V2", 0) == 1, art["op_counts"]
+    assert res.verification.passed, res.verification.failures
