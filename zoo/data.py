@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 
 # bumped whenever a recipe's output changes, so the zoo's cached inputs are rebuilt (zoo.run.prepare_data)
+# 3: ppocr-det reads pages of text (text_pages_imagenet), not photographs
 # 2: text lines are single lines (page flattened and cut per line; typeset sentences), no longer multi-line bands
-VERSION = 2
+VERSION = 3
 SAMPLES = 160  # per model: calibration, 64 golden, the rest held-out eval
 SR = 16000
 SENTENCES = [
@@ -76,6 +77,42 @@ def photo_rgb_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2), dtype=np.float32)
 
 
+def _text_page(h: int, w: int, rng: np.random.Generator, texts: list[str], page: np.ndarray) -> np.ndarray:
+    """A page a text detector reads, [h, w, 3] 0..255: a crop of scikit-image's scanned page (flattened), or
+    paper of a random tone with 3-8 lines of :func:`sentences` typeset in Pillow's font at random sizes and
+    places, in a dark ink colour."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    if rng.random() < 0.3:
+        ph, pw = page.shape
+        ch = int(rng.integers(ph // 2, ph + 1))
+        cw = min(pw, int(ch * w / h))
+        y, x = int(rng.integers(0, ph - ch + 1)), int(rng.integers(0, pw - cw + 1))
+        return np.repeat(_resize(page[y:y + ch, x:x + cw], h, w)[..., None], 3, axis=2)
+    paper = tuple(int(v) for v in rng.uniform(190, 250, 3))
+    img = Image.new("RGB", (w, h), paper)
+    draw = ImageDraw.Draw(img)
+    y = int(rng.integers(2, 20))
+    while y < h - 12:
+        font = ImageFont.load_default(size=int(rng.integers(12, 30)))
+        text = texts[int(rng.integers(0, len(texts)))]
+        ink = tuple(int(v) for v in rng.uniform(0, 90, 3))
+        draw.text((int(rng.integers(2, max(3, w // 4))), y), text, fill=ink, font=font)
+        y += int(font.size * rng.uniform(1.3, 2.6))
+    return np.asarray(img, np.float32)
+
+
+def text_pages_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """What a text detector is for: pages of text (:func:`_text_page`) and, every fourth sample, a photograph
+    with no or little text (scikit-image's samples), ImageNet-normalised NCHW as PP-OCR's detector takes."""
+    rng = np.random.default_rng(4)
+    texts, page = sentences(), _flat_page()
+    photos = _crops(h, w, n, seed=5)
+    x = np.stack([photos[i] if i % 4 == 3 else _text_page(h, w, rng, texts, page) for i in range(n)]) / 255.0
+    x = (x - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
+    return np.ascontiguousarray(x.transpose(0, 3, 1, 2), dtype=np.float32)
+
+
 def photo_rgb_255(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     return np.ascontiguousarray(_crops(h, w, n, seed=1).transpose(0, 3, 1, 2), dtype=np.float32)
 
@@ -86,13 +123,18 @@ def photo_gray_pm1(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     return np.ascontiguousarray((x - 0.5) * 2.0, dtype=np.float32)
 
 
-def _page_lines() -> list[np.ndarray]:
-    """The lines of scikit-image's scanned page (191 x 384, uneven light): the paper flattened (divided by a
-    wide blur of itself), cut at the gaps of the horizontal ink profile, each line a band of a few pixels' margin."""
+def _flat_page() -> np.ndarray:
+    """scikit-image's scanned page (191 x 384) with its uneven light flattened (divided by a wide blur of itself)."""
     from skimage import data, filters
 
     img = np.asarray(data.page(), np.float32)
-    flat = np.clip(img / np.maximum(filters.gaussian(img, sigma=15, preserve_range=True), 1.0) * 235.0, 0, 255)
+    return np.clip(img / np.maximum(filters.gaussian(img, sigma=15, preserve_range=True), 1.0) * 235.0, 0, 255)
+
+
+def _page_lines() -> list[np.ndarray]:
+    """The lines of scikit-image's scanned page (191 x 384, uneven light): the paper flattened (divided by a
+    wide blur of itself), cut at the gaps of the horizontal ink profile, each line a band of a few pixels' margin."""
+    flat = _flat_page()
     rows = (flat < 170).mean(axis=1) > 0.035
     lines, start = [], None
     for y, on in enumerate(np.append(rows, False)):
@@ -329,7 +371,8 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
     """The input array a recipe names (``name:arg:arg``); ``files`` holds zoo models a recipe runs."""
     name, *args = recipe.split(":")
     a = [int(v) for v in args]
-    if name in ("photo_rgb_imagenet", "photo_rgb_255", "photo_gray_pm1", "text_lines_rgb", "text_lines_gray"):
+    if name in ("photo_rgb_imagenet", "photo_rgb_255", "photo_gray_pm1", "text_lines_rgb", "text_lines_gray",
+                "text_pages_imagenet"):
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
         return globals()[name](a[0], cache)
