@@ -91,3 +91,19 @@ def test_zoo_text_line_inputs_hold_one_line_each():
         assert max(ink[b].sum() for b in bands) >= 0.9 * ink.sum(), f"more than one line of text: ink rows {rows}"
     pages = zdata.text_pages_imagenet(64, 64, 8)
     assert pages.shape == (8, 3, 64, 64) and pages.dtype == np.float32
+
+
+def test_zoo_sentences_do_not_depend_on_what_the_process_imported():
+    """The sentence pool is the docstrings of stdlib modules and their attributes; a module's dir() also lists the
+    submodules anything else imported (pytest imports logging.handlers): the pool, and every input drawn after it,
+    came out different inside the test run than in `edgekit zoo run`. It is made in an isolated interpreter now."""
+    import importlib
+
+    from edgekit.zoo import data as zdata
+
+    zdata._sentence_pool.cache_clear()
+    before = zdata.sentences(400)
+    for name in ("logging.handlers", "logging.config", "json.tool", "concurrent.futures", "http.server"):
+        importlib.import_module(name)
+    zdata._sentence_pool.cache_clear()
+    assert zdata.sentences(400) == before and len(set(before)) == 400

@@ -6,8 +6,10 @@ as both ``--calib`` and ``--eval``: edgekit holds the golden and eval samples ou
 
 from __future__ import annotations
 
+import functools
 import shutil
 import subprocess
+import sys
 import tempfile
 import wave
 from pathlib import Path
@@ -305,27 +307,45 @@ TEXT_MODULES = ("json", "os", "re", "collections", "itertools", "functools", "pa
                 "inspect", "dataclasses", "contextlib", "typing", "urllib.parse", "http.client", "wave", "hashlib")
 
 
+_POOL_CODE = r'''
+import codecs, importlib, importlib.util, json, re, sys
+modules, extra = json.loads(sys.stdin.read())
+out = []
+with open(importlib.util.find_spec("this").origin) as f:  # importing `this` would print the Zen
+    src = f.read()
+zen = codecs.decode(re.search(r's = """(.*?)"""', src, re.S).group(1), "rot13")
+out += [ln.strip() for ln in zen.splitlines()[2:] if ln.strip()]
+out += extra
+for name in modules:
+    mod = importlib.import_module(name)
+    for obj in [mod] + [getattr(mod, a) for a in sorted(dir(mod)) if not a.startswith("_")]:
+        doc = getattr(obj, "__doc__", None)
+        doc = " ".join(doc.split()) if isinstance(doc, str) else ""
+        first = re.split(r"(?<=[.!?])\s", doc, maxsplit=1)[0]
+        if 24 <= len(first) <= 160 and first[0].isupper() and first not in out and ">>>" not in first:
+            out.append(first)
+print(json.dumps(out))
+'''
+
+
+@functools.lru_cache(maxsize=1)
+def _sentence_pool() -> tuple[str, ...]:
+    """Every sentence :func:`sentences` draws from, made in an isolated interpreter (``python -I``) that imports
+    only the modules it reads: a module's ``dir()`` lists the submodules anything in the process has imported
+    (``logging.handlers``, ``json.tool``), so the pool made inside a test run differed from the one the zoo run
+    made, and so did every input drawn after it."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-I", "-c", _POOL_CODE], input=json.dumps([TEXT_MODULES, SENTENCES]),
+                          capture_output=True, text=True, check=True, timeout=120)
+    return tuple(json.loads(proc.stdout))
+
+
 def sentences(n: int = SAMPLES) -> list[str]:
     """English sentences made offline: the first sentence of the docstrings of Python's own standard library
-    (modules and their public functions and classes), the Zen of Python (``this.s``) and the zoo's speech lines."""
-    import codecs
-    import importlib
-    import re
-
-    out: list[str] = []
-    with open(importlib.util.find_spec("this").origin) as f:  # importing `this` would print the Zen
-        src = f.read()
-    zen = codecs.decode(re.search(r's = """(.*?)"""', src, re.S).group(1), "rot13")
-    out += [ln.strip() for ln in zen.splitlines()[2:] if ln.strip()]
-    out += SENTENCES
-    for name in TEXT_MODULES:
-        mod = importlib.import_module(name)
-        for obj in [mod] + [getattr(mod, a) for a in sorted(dir(mod)) if not a.startswith("_")]:
-            doc = getattr(obj, "__doc__", None)
-            doc = " ".join(doc.split()) if isinstance(doc, str) else ""
-            first = re.split(r"(?<=[.!?])\s", doc, maxsplit=1)[0]
-            if 24 <= len(first) <= 160 and first[0].isupper() and first not in out and ">>>" not in first:
-                out.append(first)
+    (modules and their public functions and classes), the Zen of Python (``this.s``) and the zoo's speech lines;
+    the same on every call, whatever the calling process has imported."""
+    out = _sentence_pool()
     rng = np.random.default_rng(0)
     return [out[i] for i in rng.permutation(len(out))[:n]]
 
