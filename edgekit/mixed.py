@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.errors import ConversionError
+
 PLOT = "sensitivity.png"
 
 
@@ -253,14 +255,36 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     extra = sorted(ranked, key=lambda x: -(x.gain_db if x.gain_db is not None and np.isfinite(x.gain_db) else -1e9))
     t0 = time.perf_counter()
     more = extra_steps if outcome.passed_search else 0  # more layers only where the search samples passed
+    built = None  # the last (artifact, checked) this loop built
+    unbuildable: list[str] = []
     while True:
-        artifact = conv.keep_layers(job, artifact, [k.name for k in outcome.kept])
-        checked = reverify(artifact)
-        if checked.verification.passed or not extra or more == 0:
+        try:
+            rebuilt = conv.keep_layers(job, artifact, [k.name for k in outcome.kept])
+        except ConversionError as exc:
+            # the search measures kept layers in torch; the target's converter may not lower one kept float
+            # (litert-torch: ppocr-cls' SE multiply kept float broke a broadcast): drop it and go on
+            lay = outcome.kept.pop()
+            unbuildable.append(f"{lay.name} ({exc})")
+            warn(f"mixed precision: {lay.name} kept float does not convert ({str(exc)[:200]}); not kept")
+            if not outcome.kept or not extra or more == 0:
+                break
+            more -= 1
+            outcome.kept.append(extra.pop(0))
+            continue
+        built = (rebuilt, reverify(rebuilt))
+        if built[1].verification.passed or not extra or more == 0:
             break
         more -= 1
         outcome.kept.append(extra.pop(0))  # the search samples passed, the golden ones do not: one more layer
         log(f"re-verification failed with {len(outcome.kept) - 1} kept; adding {outcome.kept[-1].name}")
+    if built is None:  # no kept set converted: the plain INT8 build stands, failed, and says why
+        msg = ("mixed precision: no set of kept layers converts on this path (" + "; ".join(unbuildable)[:400]
+               + "); the plain INT8 build stays failed")
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
+                                            "unbuildable": unbuildable, "passed_after": False}
+        return artifact, checked
+    artifact, checked = built
     outcome.seconds += time.perf_counter() - t0
     v = checked.verification
     share = len(outcome.kept) / max(1, len(search.layers))
@@ -272,6 +296,10 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     record = outcome.to_json()
     record.update(int8_verification_failures=before, search_samples=int(len(search.reference[0])),
                   layers=len(search.layers), kept_share=round(share, 3), passed_after=v.passed)
+    if unbuildable:
+        record["unbuildable"] = unbuildable
+        v.notes.append("mixed precision: kept float, these layers do not convert on this path and were left out: "
+                       + "; ".join(unbuildable)[:400])
     if plot(outcome, job.out_dir / PLOT, f"{job.model.source}: per-layer INT8 sensitivity"):
         artifact.files.append(PLOT)
         record["plot"] = PLOT

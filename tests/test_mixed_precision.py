@@ -117,3 +117,51 @@ def test_search_keeps_the_fewest_layers_and_refuses_to_guess():
     noise["a"] = 0.05  # now all-INT8 passes on the search samples
     out = keep_fewest(Search([Layer("a", "Gemm", 35.0)], outputs, ref, "float"), passes)
     assert out.kept == [] and out.scanned == [] and out.builds == 1
+
+
+def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
+    """The search measures kept layers in torch; the target's converter may fail on one of them kept float (CI met
+    litert-torch's broadcast error when ppocr-cls' SE multiply was kept). The re-verification loop drops that layer,
+    says so, and goes on with the next one, instead of ending the build in a conversion error. The converter here
+    is a stand-in (its builds are the noise model below); the loop under test is edgekit's."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from edgekit.errors import ConversionError
+    from edgekit.mixed import Layer, Search, fallback
+
+    rng = np.random.default_rng(0)
+    ref = [rng.normal(size=(16, 10)) * 3]
+    noise = {"a": 0.5, "c": 0.04, "b": 0.03}  # the search samples pass once 'a' is kept; the golden ones need 'b'
+
+    def outputs(kept):
+        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+
+    class StandInConverter:
+        def mixed_search(self, job, artifact):
+            return Search([Layer("a", "Gemm", 20.0), Layer("b", "Conv", 30.0), Layer("c", "Mul", 25.0)], outputs,
+                          ref, "float")
+
+        def keep_layers(self, job, artifact, kept):
+            if "c" in kept:
+                raise ConversionError("litert-torch could not convert the model (RuntimeError: broadcast)")
+            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
+
+    def reverify(art):
+        ok = "b" in art.meta["kept"]
+        return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden fails"],
+                                                            notes=[]))
+
+    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
+                          out_dir=tmp_path)
+    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
+    first = SimpleNamespace(meta={}, notes=[], files=[])
+    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
+    warned = []
+    art, chk = fallback(job, StandInConverter(), first, checked, {"y": "regression"}, tol, reverify,
+                        log=lambda m: None, warn=warned.append)
+    assert chk.verification.passed and art.meta["kept"] == ["a", "b"]
+    rec = art.meta["mixed_precision"]
+    assert [k["name"] for k in rec["kept"]] == ["a", "b"] and rec["unbuildable"][0].startswith("c (")
+    assert any("c kept float does not convert" in w for w in warned)
