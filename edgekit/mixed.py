@@ -264,8 +264,9 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
             # the search measures kept layers in torch; the target's converter may not lower one kept float
             # (litert-torch: ppocr-cls' SE multiply kept float broke a broadcast): drop it and go on
             lay = outcome.kept.pop()
-            unbuildable.append(f"{lay.name} ({exc})")
-            warn(f"mixed precision: {lay.name} kept float does not convert ({str(exc)[:200]}); not kept")
+            unbuildable.append(f"{lay.name} ({str(exc).split(': ', 1)[-1][:240]})")
+            why = str(exc).split(": ", 1)[-1][:240]  # without the model's path
+            warn(f"mixed precision: {lay.name} kept float does not convert ({why}); not kept")
             if not outcome.kept or not extra or more == 0:
                 break
             more -= 1
