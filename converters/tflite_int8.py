@@ -162,6 +162,7 @@ def annotate(gm: Any, cfg: Any) -> int:
     )
 
     same, free, fixed = _ops()
+    compare, select = _compare_ops()
     act_in, act_out = get_input_act_qspec(cfg), get_output_act_qspec(cfg)
     n_done = 0
     for node in gm.graph.nodes:
@@ -174,7 +175,6 @@ def annotate(gm: Any, cfg: Any) -> int:
             ann.output_qspec = act_out
             n_done += 1
             continue
-        compare, select = _compare_ops()
         if node.op == "call_function" and node.target in compare | select and not (ann is not None and ann._annotated):
             ins = [x for x in _tensor_args(node) if _is_float_tensor(x)]
             if ins and (node.target in compare or (_is_float_tensor(node) and len(ins) == 2)):

@@ -145,25 +145,23 @@ def _rewritable(nodes: list[Any], consts: dict[str, Any], numpy_helper: Any, rew
         for i in n.input:
             readers.setdefault(i, []).append(n)
     out: set[int] = set()
-    sqrt_out = {n.output[0]: n for n in nodes if n.op_type == "Sqrt" and "Sqrt" in rewrites and n.output}
+    sqrts: set[str] = set()  # outputs of the Sqrt nodes rewritten (read only as a divisor)
     for n in nodes:
         if n.op_type == "Pow" and "Pow" in rewrites and len(n.input) == 2:
             e = value(n.input[1])
             if e is not None and e.size == 1 and float(e.reshape(-1)[0]) == 2.0:
                 out.add(id(n))
-        elif n.op_type == "Sqrt" and n.output and n.output[0] in sqrt_out:
+        elif n.op_type == "Sqrt" and {"Sqrt", "Div"} <= set(rewrites) and n.output:
             users = readers.get(n.output[0], [])
             if users and all(u.op_type == "Div" and len(u.input) == 2 and u.input[1] == n.output[0]
                              and u.input[0] != n.output[0] for u in users):
                 out.add(id(n))
-        elif n.op_type == "Div" and "Div" in rewrites and len(n.input) == 2:
+                sqrts.add(n.output[0])
+    for n in nodes:  # a Div by a constant, or by a Sqrt rewritten above (together they become a * rsqrt(b))
+        if n.op_type == "Div" and "Div" in rewrites and len(n.input) == 2:
             c = value(n.input[1])
-            if (c is not None and np.all(np.asarray(c, dtype=np.float64) != 0)) or n.input[1] in sqrt_out:
+            if (c is not None and np.all(np.asarray(c, dtype=np.float64) != 0)) or n.input[1] in sqrts:
                 out.add(id(n))
-    # a Div by a Sqrt is rewritten only together with that Sqrt
-    for n in nodes:
-        if n.op_type == "Div" and id(n) in out and n.input[1] in sqrt_out and id(sqrt_out[n.input[1]]) not in out:
-            out.discard(id(n))
     return out
 
 

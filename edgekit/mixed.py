@@ -263,11 +263,13 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
         except ConversionError as exc:
             # the search measures kept layers in torch; the target's converter may not lower one kept float
             # (litert-torch: ppocr-cls' SE multiply kept float broke a broadcast): drop it and go on
-            lay = outcome.kept.pop()
-            unbuildable.append(f"{lay.name} ({str(exc).split(': ', 1)[-1][:240]})")
+            lay = outcome.kept.pop()  # the layer added last (the search's own set: its last one)
             why = str(exc).split(": ", 1)[-1][:240]  # without the model's path
+            unbuildable.append(f"{lay.name} ({why})")
             warn(f"mixed precision: {lay.name} kept float does not convert ({why}); not kept")
-            if not outcome.kept or not extra or more == 0:
+            if built is None and outcome.kept:  # nothing built yet: the search's set without that layer
+                continue
+            if not outcome.kept or not extra or more == 0:  # else the set before it was built and verified
                 break
             more -= 1
             outcome.kept.append(extra.pop(0))

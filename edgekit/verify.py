@@ -182,9 +182,10 @@ def verify(
         n = sum(len(next(iter(f.values()))) for f in efeeds)
         fref, fgot = run_all(reference, efeeds), run_all(artifact, efeeds)
         v.eval_samples = n
-        positions = {}
+        positions, eval_failures = {}, {}
         for i, name in enumerate(names):
             c = smoke.check_output(name, kinds[name], fref[i], fgot[i], tol_d, precision)
+            eval_failures[name] = c["failures"]
             positions[name] = c.get("positions", n)  # a per-position class output ([N, T, C]) has N x T decisions
             v.eval_agreement[name] = {k: float(c[k]) for k in ("top1_agreement", "snr_db", "cosine", "iou",
                                                                 "exact_match", "max_rel_error", "disagreements",
@@ -193,8 +194,13 @@ def verify(
                                       if c.get(k) is not None and np.isfinite(c[k])}
         if eval_data.labels is None:  # no labels: agreement with the float model on every eval sample
             for i, name in enumerate(names):
+                ea = v.eval_agreement[name]
+                if kinds[name] in ("ctc", "class") and not ({"text_agreement", "top1_agreement"} & set(ea)):
+                    # no decision to agree on (non-finite or wrongly shaped outputs): say why, not a KeyError
+                    v.notes.append(f"output {name!r}: no agreement measured on the {n} eval samples: "
+                                   f"{eval_failures[name][0] if eval_failures[name] else 'no metric'}")
+                    continue
                 if kinds[name] == "ctc":
-                    ea = v.eval_agreement[name]
                     v.notes.append(f"output {name!r}: the decoded text matches float on {ea['text_agreement']:.1%} of "
                                    f"{n} eval samples (95% CI {wilson(ea['text_agreement'], n)[0]:.1%}–"
                                    f"{wilson(ea['text_agreement'], n)[1]:.1%}; no labels), character error rate "
@@ -202,7 +208,6 @@ def verify(
                 if kinds[name] == "class":
                     share, m = v.eval_agreement[name]["top1_agreement"], positions[name]
                     what = "eval samples" if m == n else f"positions of {n} eval samples"
-                    ea = v.eval_agreement[name]
                     ties = (f"; {ea['near_tie_disagreements']:.0f} of the {ea['disagreements']:.0f} disagreements are "
                             "near-ties (float's top-2 margin under 1% of the output range)"
                             if ea.get("near_tie_disagreements") else "")

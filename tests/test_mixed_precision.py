@@ -165,3 +165,46 @@ def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
     rec = art.meta["mixed_precision"]
     assert [k["name"] for k in rec["kept"]] == ["a", "b"] and rec["unbuildable"][0].startswith("c (")
     assert any("c kept float does not convert" in w for w in warned)
+
+
+def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp_path):
+    """Where the first rebuild (the search's own kept set) fails to convert, that set is tried again without its
+    last layer, instead of leaving the plain INT8 build failed untried."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from edgekit.errors import ConversionError
+    from edgekit.mixed import Layer, Search, fallback
+
+    rng = np.random.default_rng(1)
+    ref = [rng.normal(size=(16, 10)) * 3]
+    noise = {"a": 1.0, "d": 0.5}  # the search samples need both kept (tolerance ~0.3)
+
+    def outputs(kept):
+        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+
+    tried = []
+
+    class StandInConverter:
+        def mixed_search(self, job, artifact):
+            return Search([Layer("a", "Gemm", 20.0), Layer("d", "Mul", 25.0)], outputs, ref, "float")
+
+        def keep_layers(self, job, artifact, kept):
+            tried.append(list(kept))
+            if "d" in kept:
+                raise ConversionError("/m.onnx: litert-torch could not convert the model (RuntimeError: broadcast)")
+            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
+
+    def reverify(art):
+        return SimpleNamespace(verification=SimpleNamespace(passed="a" in art.meta["kept"], failures=[], notes=[]))
+
+    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
+                          out_dir=tmp_path)
+    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
+    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
+    art, chk = fallback(job, StandInConverter(), SimpleNamespace(meta={}, notes=[], files=[]), checked,
+                        {"y": "regression"}, tol, reverify, log=lambda m: None, warn=lambda m: None)
+    assert tried == [["a", "d"], ["a"]] and chk.verification.passed and art.meta["kept"] == ["a"]
+    assert art.meta["mixed_precision"]["unbuildable"] == ["d (litert-torch could not convert the model "
+                                                          "(RuntimeError: broadcast))"]

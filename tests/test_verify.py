@@ -288,3 +288,30 @@ def test_class_disagreements_on_near_ties_are_counted_and_named():
     assert (r["disagreements"], r["near_tie_disagreements"]) == (2, 1)
     assert "1 of the 2 disagreements are near-ties" in r["failures"][0]
     assert smoke.check_output("o", "class", ref, ref, tol)["disagreements"] == 0
+
+
+def test_eval_agreement_on_non_finite_outputs_is_a_note_not_a_traceback():
+    """A converted model that gives NaN on the eval samples (no labels) has no top-1 or text agreement to report:
+    verification says so in a note and fails on the golden samples; it raised KeyError before."""
+    from types import SimpleNamespace as NS
+
+    import numpy as np
+
+    from edgekit.data import Dataset
+    from edgekit.profiles import load_target
+    from edgekit.verify import verify
+
+    tol = load_target("jetson").tolerances["int8"]
+    model = NS(inputs=[NS(name="x", shape=[1, 4])], outputs=[NS(name="y")])
+    ds = Dataset("t", {"x": np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)}, None)
+    probs = np.array([[0.7, 0.2, 0.1]])
+    for kind, shape in (("class", (3,)), ("ctc", (5, 3))):
+        def ref(f, shape=shape):
+            return [np.broadcast_to(probs.reshape((1,) * (len(shape) - 1) + (3,)), (len(f["x"]), *shape)).copy()]
+
+        def nan(f, shape=shape):
+            return [np.full((len(f["x"]), *shape), np.nan)]
+
+        v, _, _ = verify(model, ref, nan, ds, 8, tol, "test", "int8", eval_data=ds, kinds={"y": kind})
+        assert not v.passed and "non-finite" in v.failures[0]
+        assert any("no agreement measured on the 20 eval samples" in n and "NaN" in n for n in v.notes), v.notes

@@ -74,10 +74,14 @@ def _crops(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
     return np.stack(out)  # [N, h, w, 3] 0..255
 
 
-def photo_rgb_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
-    x = _crops(h, w, n) / 255.0
-    x = (x - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
+def _imagenet_nchw(x: np.ndarray) -> np.ndarray:
+    """[N, h, w, 3] 0..255 -> ImageNet-normalised NCHW float32."""
+    x = (x / 255.0 - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
     return np.ascontiguousarray(x.transpose(0, 3, 1, 2), dtype=np.float32)
+
+
+def photo_rgb_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    return _imagenet_nchw(_crops(h, w, n))
 
 
 def _text_page(h: int, w: int, rng: np.random.Generator, texts: list[str], page: np.ndarray) -> np.ndarray:
@@ -111,9 +115,8 @@ def text_pages_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     rng = np.random.default_rng(4)
     texts, page = sentences(), _flat_page()
     photos = _crops(h, w, n, seed=5)
-    x = np.stack([photos[i] if i % 4 == 3 else _text_page(h, w, rng, texts, page) for i in range(n)]) / 255.0
-    x = (x - np.array([0.485, 0.456, 0.406], np.float32)) / np.array([0.229, 0.224, 0.225], np.float32)
-    return np.ascontiguousarray(x.transpose(0, 3, 1, 2), dtype=np.float32)
+    return _imagenet_nchw(np.stack([photos[i] if i % 4 == 3 else _text_page(h, w, rng, texts, page)
+                                    for i in range(n)]))
 
 
 def photo_rgb_255(h: int, w: int, n: int = SAMPLES) -> np.ndarray:

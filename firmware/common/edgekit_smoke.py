@@ -74,7 +74,9 @@ def _ctc_decode(steps):
     """One sample's [T, classes] -> (the decoded class indices, the line's confidence: the mean probability of
     the steps that emitted them, as PaddleOCR/RapidOCR score a line; 1.0 for an empty line)."""
     p = np.asarray(steps, dtype=np.float64)
-    if not (p.min() >= 0 and p.max() <= 1 and np.allclose(p.sum(axis=-1), 1.0, atol=1e-3)):  # logits: softmax
+    if p.size == 0:  # no time steps: no text
+        return (), 1.0
+    if not _probabilities(p):  # logits: softmax first
         p = np.exp(p - p.max(axis=-1, keepdims=True))
         p /= p.sum(axis=-1, keepdims=True)
     best = np.argmax(p, axis=-1)
