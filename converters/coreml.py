@@ -292,6 +292,8 @@ class CoreMLConverter:
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             n = next(iter(feeds.values())).shape[0]
             parts = [interp({rn[k]: v[i:i + batch] for k, v in feeds.items()}) for i in range(0, n, batch)]
+            if len(parts) == 1:  # one batch (verify's feeds): the model's own layout, merged by the caller
+                return parts[0]
             return [np.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]
 
         return run
@@ -447,9 +449,11 @@ def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarr
         tight["min_snr_db"] += 6
     kinds = job.options.get("output_kinds") or {}
     failures = {}
+    bs = job.model.inputs[0].shape[0] if job.model.inputs[0].shape else 1
+    refs, axes = smoke.merge_batches(ref, bs)
+    gots = smoke.merge_batches(got, bs, axes)[0]
     for i, spec in enumerate(job.model.outputs):
-        r = np.concatenate([f[i] for f in ref])
-        g = np.concatenate([f[i] for f in got])
+        r, g = refs[i], gots[i]
         kind = kinds.get(spec.name) or smoke.infer_kind(r, len(job.model.outputs))
         bad = smoke.check_output(spec.name, kind, r, g, tight, "fp16 (host simulation)")["failures"]
         if bad:

@@ -311,8 +311,9 @@ def _preprocessed(job: ConvertJob, src: Path) -> Path:
 
 def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     model = load_firmware("tensorrt").OnnxRuntimeModel(str(path))
-    outs = [model(f) for f in feeds]
-    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+    from edgekit.verify import feed_batch, output_checks
+
+    return output_checks().merge_batches([model(f) for f in feeds], feed_batch(feeds[0]))[0]
 
 
 def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str) -> Path:

@@ -610,7 +610,9 @@ def _torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray
             o = module(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
             o = o if isinstance(o, (tuple, list)) else (o,)
             outs.append([t.detach().numpy() for t in o])
-    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+    from edgekit.verify import feed_batch, output_checks
+
+    return output_checks().merge_batches(outs, feed_batch(feeds[0]))[0]
 
 
 def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]:

@@ -42,7 +42,10 @@ class GoldenTensor(_Record):
     key: str
     shape: list[int]
     dtype: str
-    kind: str | None = None  # outputs: class | regression | mask | index (how the board judges it too)
+    kind: str | None = None  # outputs: class | regression | mask | index | detection | ctc (the board judges it too)
+    # outputs: the axis of the model's own output that holds the batch (1 for a time-major [T, N, C] recogniser);
+    # the golden array has it first, and the board merges its runs on it (absent in older bundles: 0)
+    batch_axis: int | None = Field(default=None, ge=0, le=8)
     runtime_name: str | None = None  # the name in the artifact where its format renamed it (Core ML: x.1 -> x_1)
 
 

@@ -324,7 +324,9 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
     for i, (spec, arr) in enumerate(zip(m.outputs, golden_out, strict=True)):
         arrays[f"output_{i}"] = arr
         g_outputs.append({"name": spec.name, "key": f"output_{i}", "shape": list(arr.shape[1:]), "dtype": str(arr.dtype),
-                          "kind": next((o.kind for o in verification.outputs if o.name == spec.name), None)})
+                          "kind": next((o.kind for o in verification.outputs if o.name == spec.name), None),
+                          # the axis of the model's own output that holds the batch: the board merges its runs on it
+                          "batch_axis": next((o.batch_axis for o in verification.outputs if o.name == spec.name), 0)})
     renamed = artifact.meta.get("io_names") or {}  # a format that renamed the model's inputs / outputs
     for g in g_inputs + g_outputs:
         if renamed.get(g["name"], g["name"]) != g["name"]:

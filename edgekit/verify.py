@@ -34,6 +34,7 @@ class OutputCheck:
     kind: str = "regression"  # class | regression | mask | index | detection | ctc
     metrics: dict[str, float] = field(default_factory=dict)  # the kind's own: snr_db, cosine, top5, iou, exact
     worst_sample: int | None = None  # golden sample index with the largest error
+    batch_axis: int = 0  # the axis of the model's own output that holds the batch (1 for a time-major [T, N, C])
 
 
 @dataclass
@@ -78,8 +79,19 @@ def wilson(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
 
 
 def run_all(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    outs = [runner(f) for f in feeds]
-    return [np.concatenate([o[i] for o in outs]) for i in range(len(outs[0]))]
+    """Every feed through ``runner``; one array per output with the samples on axis 0."""
+    return run_all_axes(runner, feeds)[0]
+
+
+def feed_batch(feed: dict[str, np.ndarray]) -> int:
+    """The samples in one feed: the first axis of its first input that has one."""
+    return next((int(np.shape(v)[0]) for v in feed.values() if np.ndim(v)), 1)
+
+
+def run_all_axes(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> tuple[list[np.ndarray], list[int]]:
+    """As run_all, and the axis each output keeps its batch on (a time-major [T, N, C] output: 1); the merged
+    arrays have it moved first (firmware/common/edgekit_smoke.merge_batches, which the board runs too)."""
+    return output_checks().merge_batches([runner(f) for f in feeds], feed_batch(feeds[0]))
 
 
 def top1_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
@@ -157,13 +169,13 @@ def verify(
     (``firmware/common/edgekit_smoke.check_output``); ``kinds`` default to what the float outputs show."""
     smoke = output_checks()
     feeds = list(golden.batches(model, golden_count))
-    ref = run_all(reference, feeds)
-    got = run_all(artifact, feeds)
+    ref, axes = run_all_axes(reference, feeds)
+    got = output_checks().merge_batches([artifact(f) for f in feeds], feed_batch(feeds[0]), axes)[0]
     names = [s.name for s in model.outputs]
     kinds = kinds or {n: smoke.infer_kind(r, len(names)) for n, r in zip(names, ref, strict=True)}
     checks, failures = [], []
     tol_d = tol.model_dump()
-    for name, r, g in zip(names, ref, got, strict=True):
+    for name, r, g, axis in zip(names, ref, got, axes, strict=True):
         c = smoke.check_output(name, kinds[name], r, g, tol_d, precision)
         agree = c["top1_agreement"]
         metrics = {k: c[k] for k in ("snr_db", "cosine", "top5_agreement", "iou", "exact_match", "text_agreement",
@@ -171,7 +183,7 @@ def verify(
         checks.append(OutputCheck(
             name, c["max_abs_error"], c["max_abs_reference"], c["max_rel_error"], c["tolerance_rel"], agree,
             tol.min_top1_agreement if agree is not None else None, c["passed"],
-            None if agree is None else wilson(agree, len(r)), kinds[name], metrics, c["worst_sample"]))
+            None if agree is None else wilson(agree, len(r)), kinds[name], metrics, c["worst_sample"], axis))
         failures += c["failures"]
     golden_inputs = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
     v = Verification(runtime, precision, len(ref[0]), golden.source, checks, failures=failures)
@@ -180,7 +192,8 @@ def verify(
     if eval_data is not None:
         efeeds = list(eval_data.batches(model))
         n = sum(len(next(iter(f.values()))) for f in efeeds)
-        fref, fgot = run_all(reference, efeeds), run_all(artifact, efeeds)
+        fref, eaxes = run_all_axes(reference, efeeds)
+        fgot = smoke.merge_batches([artifact(f) for f in efeeds], feed_batch(efeeds[0]), eaxes)[0]
         v.eval_samples = n
         positions, eval_failures = {}, {}
         for i, name in enumerate(names):

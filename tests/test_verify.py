@@ -315,3 +315,63 @@ def test_eval_agreement_on_non_finite_outputs_is_a_note_not_a_traceback():
         v, _, _ = verify(model, ref, nan, ds, 8, tol, "test", "int8", eval_data=ds, kinds={"y": kind})
         assert not v.passed and "non-finite" in v.failures[0]
         assert any("no agreement measured on the 20 eval samples" in n and "NaN" in n for n in v.notes), v.notes
+
+
+def test_time_major_ctc_output_is_merged_on_its_batch_axis_host_and_board(digits, tmp_path):
+    """A recogniser whose output is time-major [T, N, classes] (ddddocr's, torch's CTC layout): its runs are joined
+    on the batch axis (1) and read [samples, T, classes], so the `ctc` kind decodes each line's text; before, the
+    runs were stacked on axis 0 and every time step was read as a sample of one step. The manifest records the axis
+    and the board's runner merges its own runs on it: the bundle passes there, and a changed golden line fails."""
+    import shutil
+    import subprocess
+    import sys
+
+    import numpy as np
+    import torch
+
+    from edgekit.fsutil import sha256_file
+    from edgekit.pipeline import convert
+
+    class TimeMajor(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv = torch.nn.Conv2d(1, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(8, 5)
+
+        def forward(self, x):  # [1, 1, 8, 16] -> [16, 1, 5]
+            f = torch.relu(self.conv(x)).mean(dim=2)  # [N, 8, W]
+            return torch.log_softmax(self.fc(f.permute(2, 0, 1)), dim=-1)
+
+    path = tmp_path / "tm.onnx"
+    torch.onnx.export(TimeMajor().eval(), (torch.zeros(1, 1, 8, 16),), str(path), input_names=["line"],
+                      output_names=["logits"], dynamo=False, opset_version=13)
+    d = np.load(digits["calib"])
+    imgs = next(v for v in d.values() if v.ndim == 4)[:80].astype(np.float32)  # real digits, two per "line"
+    lines = np.concatenate([imgs[0::2], imgs[1::2]], axis=3)
+    np.savez(tmp_path / "lines.npz", line=lines)
+    res = convert(str(path), "jetson", tmp_path / "out", precision="fp32", calib=str(tmp_path / "lines.npz"),
+                  output_kinds={"logits": "ctc"})
+    man = json.loads((res.out_dir / "manifest.json").read_text())
+    spec = man["golden"]["outputs"][0]
+    assert spec["batch_axis"] == 1 and spec["shape"] == [16, 5] and spec["kind"] == "ctc"
+    out = man["verification"]["outputs"][0]
+    assert out["metrics"]["text_agreement"] == 1.0 and out["metrics"]["cer"] == 0.0
+    golden = dict(np.load(res.out_dir / "golden.npz"))
+    assert golden["output_0"].shape[:2] == (len(golden["input_0"]), 16)  # one line per sample
+    bundle = tmp_path / "b"
+    shutil.copytree(res.out_dir, bundle)
+
+    def board():
+        return subprocess.run([sys.executable, str(bundle / "run.py"), "--runtime", "onnxruntime", "--iters", "5",
+                               "--warmup", "1"], capture_output=True, text=True, timeout=120)
+
+    proc = board()
+    assert proc.returncode == 0 and "PASS golden" in proc.stdout, proc.stdout + proc.stderr
+    g = golden["output_0"]
+    g[: len(g) // 2, 5:11] = np.roll(g[: len(g) // 2, 5:11], 1, axis=-1)  # half the lines read other characters
+    np.savez(bundle / "golden.npz", **golden)
+    man["files"]["golden.npz"]["sha256"] = sha256_file(bundle / "golden.npz")
+    (bundle / "manifest.json").write_text(json.dumps(man))
+    proc = board()
+    assert proc.returncode == 1 and "FAIL golden" in proc.stdout, proc.stdout

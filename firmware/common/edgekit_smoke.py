@@ -264,6 +264,34 @@ def check_output(name, kind, ref, got, tol, label=""):
     return out
 
 
+def output_batch_axis(shape, batch):
+    """The axis of one run's output that holds the run's ``batch`` samples: 0 where its size is the batch (the
+    usual layout); else the one axis of that size (a time-major CTC recogniser's [T, N, classes], a recurrent
+    state [layers, N, hidden]); 0 where no axis or several have it (the output is then merged as it always was)."""
+    shape = tuple(shape)
+    if not shape or shape[0] == batch:
+        return 0
+    hits = [i for i, s in enumerate(shape) if s == batch]
+    return hits[0] if len(hits) == 1 else 0
+
+
+def merge_batches(parts, batch, axes=None):
+    """Per-run outputs (a list, one list of arrays per run of ``batch`` samples) -> (one array per output with
+    the samples on axis 0, the batch axis each output had). An output whose batch is on another axis is joined
+    on it and moved first, so every check reads [samples, ...]; ``axes`` (the manifest's, recorded on the host)
+    overrides the inference, so the board merges exactly as the host did."""
+    merged, used = [], []
+    for k in range(len(parts[0])):
+        arrs = [np.asarray(p[k]) for p in parts]
+        if arrs[0].ndim == 0:
+            arrs = [a.reshape(1) for a in arrs]
+        ax = output_batch_axis(arrs[0].shape, batch) if axes is None or axes[k] is None else int(axes[k])
+        joined = np.concatenate(arrs, axis=ax)
+        merged.append(np.moveaxis(joined, ax, 0) if ax else joined)
+        used.append(ax)
+    return merged, used
+
+
 def compare(outputs, golden, manifest):
     """Per output, by its kind (recorded in the manifest at conversion; inferred for older bundles)."""
     tol = manifest["tolerance"]
@@ -316,8 +344,9 @@ class Smoke(object):
     def golden(self, run, golden):
         """``run(feed) -> list of outputs`` over every golden batch, compared with the manifest's tolerance."""
         outs = [run(feed) for feed in golden_feeds(golden, self.manifest)]
-        merged = [np.concatenate([np.asarray(o[k]).reshape((-1,) + np.asarray(o[k]).shape[1:]) for o in outs])
-                  for k in range(len(outs[0]))]
+        specs = self.manifest["golden"]["outputs"]
+        merged, _ = merge_batches(outs, self.manifest["golden"]["inputs"][0]["shape"][0],
+                                  [s.get("batch_axis", 0) for s in specs])
         per = compare(merged, golden, self.manifest)
         worst = max(per, key=lambda c: c["max_rel_error"])
         self.add("golden", all(c["passed"] for c in per),
