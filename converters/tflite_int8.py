@@ -13,7 +13,11 @@ SOFTMAX after an unannotated op ...). Two steps close that gap:
                    activation tensor; PReLU likewise becomes ``relu(x) - relu(-x) * alpha`` with
                    alpha as depthwise conv weights; ``x ** 2`` becomes ``x * x``, ``a / sqrt(b)``
                    ``a * rsqrt(b)`` and ``a / c`` (a constant) ``a * (1 / c)``: a LayerNorm written out
-                   (paddle2onnx, older exporters) then runs on TFLite's int8 MUL / RSQRT / MEAN / SUB.
+                   (paddle2onnx, older exporters) then runs on TFLite's int8 MUL / RSQRT / MEAN / SUB;
+                   a transposed conv whose kernel equals its stride (an r x r up-sampling, PP-OCR's DB
+                   head) becomes a 1x1 conv to out x r x r channels and a pixel shuffle (int8 RESHAPE /
+                   TRANSPOSE in the .tflite):
+                   litert-torch lowers conv_transpose to a float TRANSPOSE_CONV even where annotated.
 ``annotate(gm, cfg)``  (after litert-torch's annotators) gives every remaining op with an int8
                    kernel its quantization spec, by how TFLite's int8 kernel treats scales
                    (tensorflow/lite/tools/optimize/operator_property.cc): ops that move values
@@ -131,6 +135,23 @@ def transform(gm: Any) -> int:
             node.replace_all_uses_with(out)
             gm.graph.erase_node(node)
             n_done += 1
+        elif node.target == a.conv_transpose2d.input and _upsampling_deconv(gm, node):
+            x, w = node.args[:2]
+            b = node.args[2] if len(node.args) > 2 else None
+            w_t = _value(gm, w)  # [in, out, r, r]
+            ci, co, r, _ = w_t.shape
+            # y[n, o, r*h + i, r*w + j] = sum_c x[n, c, h, w] W[c, o, i, j] + b[o]: a 1x1 conv to out*r*r channels
+            # (channel o*r*r + i*r + j), then pixel_shuffle(r) puts each where the transposed conv wrote it
+            w1 = w_t.permute(1, 2, 3, 0).reshape(co * r * r, ci, 1, 1).contiguous().float()
+            b1 = _value(gm, b).float().repeat_interleave(r * r) if b is not None else None
+            with gm.graph.inserting_before(node):
+                conv = _call(gm, node, a.conv2d.default, (
+                    x, _attr(gm, node, "weight", w1), _attr(gm, node, "bias", b1) if b1 is not None else None,
+                    [1, 1], [0, 0], [1, 1], 1))
+                out = _call(gm, node, a.pixel_shuffle.default, (conv, r))
+            node.replace_all_uses_with(out)
+            gm.graph.erase_node(node)
+            n_done += 1
         elif node.target == a.div.Tensor and isinstance(node.args[1], torch.fx.Node):
             num, den = node.args[:2]
             if getattr(den, "target", None) == a.sqrt.default and all(
@@ -227,6 +248,21 @@ def annotate(gm: Any, cfg: Any) -> int:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _upsampling_deconv(gm: Any, node: Any) -> bool:
+    """A conv_transpose2d whose kernel equals its stride (square), with no padding, output padding, dilation or
+    groups, and constant weights: each input pixel writes its own r x r block (the 2x up-sampling of PP-OCR's
+    DB head, of U-Nets), which a 1x1 conv and a pixel shuffle compute exactly."""
+    args = list(node.args) + [None] * (8 - len(node.args))
+    x, w, b, stride, padding, out_pad, groups, dilation = args[:8]
+    if not _const(gm, w) or (b is not None and not _const(gm, b)) or _rank(x) != 4:
+        return False
+    shape = list(_value(gm, w).shape)
+    stride = list(stride or [1, 1])
+    return (len(shape) == 4 and shape[2] == shape[3] == stride[0] == stride[-1] and shape[2] > 1
+            and all(p == 0 for p in (padding or [0])) and all(p == 0 for p in (out_pad or [0]))
+            and (groups or 1) == 1 and all(d == 1 for d in (dilation or [1])))
 
 
 def _depthwise(gm: Any, like: Any, x: Any, scale: Any, shift: Any, rank: int) -> Any:

@@ -132,7 +132,8 @@ def _subgraphs(node: Any, onnx: Any) -> list[Any]:
 def _rewritable(nodes: list[Any], consts: dict[str, Any], numpy_helper: Any, rewrites: list[str]) -> set[int]:
     """The nodes (by id) the target's converter rewrites into ops it runs (``Target.rewrites``), so the op check
     does not refuse them: ``Pow``: a square (constant exponent 2) -> x * x; ``Sqrt`` whose every reader divides
-    by it, and that ``Div`` -> a * rsqrt(b); ``Div`` by a constant -> a * (1 / c). A LayerNorm written out
+    by it, and that ``Div`` -> a * rsqrt(b); ``Div`` by a constant -> a * (1 / c); ``ConvTranspose`` whose kernel
+    equals its stride -> a 1x1 conv and a pixel shuffle. A LayerNorm written out
     (ReduceMean, Sub, Pow 2, ReduceMean, Add, Sqrt, Div, as paddle2onnx and older exporters write it) is such."""
     import numpy as np
 
@@ -157,12 +158,30 @@ def _rewritable(nodes: list[Any], consts: dict[str, Any], numpy_helper: Any, rew
                              and u.input[0] != n.output[0] for u in users):
                 out.add(id(n))
                 sqrts.add(n.output[0])
+        elif n.op_type == "ConvTranspose" and "ConvTranspose" in rewrites and _upsampling(n, value):
+            out.add(id(n))
     for n in nodes:  # a Div by a constant, or by a Sqrt rewritten above (together they become a * rsqrt(b))
         if n.op_type == "Div" and "Div" in rewrites and len(n.input) == 2:
             c = value(n.input[1])
             if (c is not None and np.all(np.asarray(c, dtype=np.float64) != 0)) or n.input[1] in sqrts:
                 out.add(id(n))
     return out
+
+
+def _upsampling(n: Any, value: Any) -> bool:
+    """A 2-D ConvTranspose whose square kernel equals its stride, with no padding, output padding, dilation or
+    groups and constant weights: an r x r up-sampling the converter computes as a 1x1 conv and a pixel shuffle."""
+    from onnx import helper
+
+    at = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+    w = value(n.input[1]) if len(n.input) > 1 else None
+    if w is None or w.ndim != 4 or (len(n.input) > 2 and n.input[2] and value(n.input[2]) is None):
+        return False
+    k = list(at.get("kernel_shape") or w.shape[2:])
+    return (k[0] == k[1] == w.shape[2] == w.shape[3] > 1 and list(at.get("strides") or [1, 1]) == k
+            and not any(at.get("pads") or []) and not any(at.get("output_padding") or [])
+            and int(at.get("group", 1)) == 1 and all(d == 1 for d in at.get("dilations") or [1])
+            and "output_shape" not in at and at.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET"))
 
 
 def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str | None = None,

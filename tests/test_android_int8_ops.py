@@ -221,3 +221,61 @@ def test_comparison_and_select_run_int8(tmp_path):
     assert art["op_counts"].get("GREATER_EQUAL") == 1 and art["op_counts"].get("SELECT", 0) + art["op_counts"].get(
         "SELECT_V2", 0) == 1, art["op_counts"]
     assert res.verification.passed, res.verification.failures
+
+
+class UpNet(nn.Module):
+    """A DB-style head (PP-OCR's text detector): features, a 2x2 stride-2 transposed conv up-sampling, a
+    per-pixel probability map."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.up = nn.ConvTranspose2d(8, 4, 2, stride=2)
+        self.head = nn.Conv2d(4, 1, 1)
+
+    def forward(self, x):
+        return torch.sigmoid(self.head(torch.relu(self.up(torch.relu(self.conv(x))))))
+
+
+def test_upsampling_conv_transpose_converts_full_integer_as_conv_and_pixel_shuffle(tmp_path):
+    """A ConvTranspose whose kernel equals its stride (PP-OCR's DB head) was refused on android at INT8 (litert-torch
+    lowers conv_transpose to a float TRANSPOSE_CONV even annotated). It is rewritten into a 1x1 conv to out x 4
+    channels and a pixel shuffle (RESHAPE / TRANSPOSE in the .tflite): the same values in float (checked here to 1e-5), full-integer in the .tflite, the
+    map kept on real digits. A ConvTranspose with padding has no such rewrite and stays refused by name."""
+    import onnx
+    from sklearn.datasets import load_digits
+
+    from edgekit.analyze import analyze_onnx
+    from edgekit.profiles import load_target
+    from edgekit.converters.tflite_int8 import transform
+
+    torch.manual_seed(0)
+    model = UpNet().eval()
+    x = torch.from_numpy((load_digits().images[:, None] / 16.0).astype(np.float32))
+    ep = torch.export.export(model, (x[:4],))
+    gm = ep.module()
+    assert transform(gm) == 1
+    calls = {str(n.target) for n in gm.graph.nodes if n.op == "call_function"}
+    assert "aten.conv_transpose2d.input" not in calls and "aten.pixel_shuffle.default" in calls, calls
+    with torch.no_grad():
+        assert all(torch.allclose(gm(x[i:i + 4]), model(x[i:i + 4]), atol=1e-5) for i in range(0, 64, 4))
+    path = tmp_path / "up.onnx"
+    torch.onnx.export(model, (torch.zeros(1, 1, 8, 8),), str(path), input_names=["image"], output_names=["map"],
+                      opset_version=13, dynamo=False)
+    android = load_target("android")
+    assert analyze_onnx(path, android.supported_ops, "android", android.rewrites).unsupported == []
+    np.savez(tmp_path / "calib.npz", image=x[:600].numpy())
+    res = convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
+                  eval_data=str(tmp_path / "calib.npz"))
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is True and art["float_ops"] == [], art
+    # litert-torch lowers the pixel shuffle as RESHAPE / TRANSPOSE (int8, one shared scale), not DEPTH_TO_SPACE
+    assert "TRANSPOSE_CONV" not in art["op_counts"] and art["op_counts"].get("TRANSPOSE"), art["op_counts"]
+    assert res.verification.passed, res.verification.failures
+
+    padded = onnx.load(str(path))
+    node = next(n for n in padded.graph.node if n.op_type == "ConvTranspose")
+    node.attribute.append(onnx.helper.make_attribute("pads", [1, 1, 0, 0]))
+    onnx.save(padded, str(tmp_path / "padded.onnx"))
+    bad = analyze_onnx(tmp_path / "padded.onnx", android.supported_ops, "android", android.rewrites).unsupported
+    assert [u["op"] for u in bad] == ["ConvTranspose"], bad
