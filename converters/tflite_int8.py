@@ -184,6 +184,7 @@ def annotate(gm: Any, cfg: Any) -> int:
 
     same, free, fixed = _ops()
     compare, select = _compare_ops()
+    batched = {torch.ops.aten.matmul.default, torch.ops.aten.bmm.default}
     act_in, act_out = get_input_act_qspec(cfg), get_output_act_qspec(cfg)
     n_done = 0
     for node in gm.graph.nodes:
@@ -240,6 +241,17 @@ def annotate(gm: Any, cfg: Any) -> int:
                                                quant_max=127, qscheme=torch.per_tensor_affine)
             node.meta["quantization_annotation"] = QuantizationAnnotation(
                 input_qspec_map={ins[0]: act_in}, output_qspec=out, _annotated=True)
+        elif node.target in batched:
+            # BATCH_MATMUL's operands keep their producers' scales: litert-torch lowers a 4-D matmul through
+            # RESHAPEs, which must not rescale, so a requantization between an attention softmax (fixed 1/256)
+            # and its matmul failed the conversion ("'tfl.reshape' op ... violate the same scale constraint")
+            in_map = {}
+            for x in ins:
+                src = x.meta.get("quantization_annotation")
+                in_map[x] = (SharedQuantizationSpec(x) if src is not None and src._annotated
+                             and src.output_qspec is not None else act_in)
+            node.meta["quantization_annotation"] = QuantizationAnnotation(
+                input_qspec_map=in_map, output_qspec=act_out, _annotated=True)
         else:
             node.meta["quantization_annotation"] = QuantizationAnnotation(
                 input_qspec_map={x: act_in for x in ins}, output_qspec=act_out, _annotated=True)

@@ -279,3 +279,56 @@ def test_upsampling_conv_transpose_converts_full_integer_as_conv_and_pixel_shuff
     onnx.save(padded, str(tmp_path / "padded.onnx"))
     bad = analyze_onnx(tmp_path / "padded.onnx", android.supported_ops, "android", android.rewrites).unsupported
     assert [u["op"] for u in bad] == ["ConvTranspose"], bad
+
+
+class HeadsNet(nn.Module):
+    """Multi-head self-attention over the 8 rows of a digit (SVTR's block, as PP-OCRv4's recogniser writes it):
+    4-D [N, heads, T, d] matmuls around a softmax."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v = nn.Linear(8, 16), nn.Linear(8, 16), nn.Linear(8, 16)
+        self.head = nn.Linear(16 * 8, 10)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        n = rows.shape[0]
+        q, k, v = [t.reshape(n, 8, 2, 8).permute(0, 2, 1, 3) for t in (self.q(rows), self.k(rows), self.v(rows))]
+        att = torch.softmax(torch.matmul(q, k.permute(0, 1, 3, 2)) * 0.35, dim=-1)
+        return self.head(torch.matmul(att, v).permute(0, 2, 1, 3).reshape(n, 128))
+
+
+def test_multi_head_attention_converts_full_integer(tmp_path):
+    """An attention block with 4-D matmuls failed litert-torch's conversion at INT8 ("'tfl.reshape' op
+    quantization parameters violate the same scale constraint", PP-OCRv4's recogniser): the matmul requantized the
+    softmax's fixed 1/256 scale, and litert-torch lowers a 4-D matmul through RESHAPEs, which may not rescale. Its
+    operands now keep their producers' scales: full-integer BATCH_MATMUL, the float model's accuracy kept."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    d = load_digits()
+    x = (d.images / 16.0).astype(np.float32)
+    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target.astype(np.int64), test_size=0.25, random_state=0,
+                                              stratify=d.target)
+    torch.manual_seed(0)
+    model = HeadsNet()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    xt, yt = torch.from_numpy(x_tr), torch.from_numpy(y_tr)
+    for _ in range(30):
+        for i in range(0, len(xt), 64):
+            opt.zero_grad()
+            nn.functional.cross_entropy(model(xt[i:i + 64]), yt[i:i + 64]).backward()
+            opt.step()
+    model.eval()
+    path = tmp_path / "heads.onnx"
+    torch.onnx.export(model, (torch.zeros(1, 8, 8),), str(path), input_names=["rows"], output_names=["logits"],
+                      opset_version=13, dynamo=False)
+    np.savez(tmp_path / "calib.npz", rows=x_tr[:300])
+    np.savez(tmp_path / "eval.npz", rows=x_te, label=y_te)
+    res = convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
+                  eval_data=str(tmp_path / "eval.npz"))
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is True and art["float_ops"] == [], art
+    assert art["op_counts"].get("BATCH_MATMUL") == 2 and art["op_counts"].get("SOFTMAX") == 1, art["op_counts"]
+    v = res.verification
+    assert v.float_accuracy > 0.9 and v.passed, (v.float_accuracy, v.failures)
+    assert 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0, (v.float_accuracy, v.converted_accuracy)
