@@ -208,3 +208,52 @@ def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp
     assert tried == [["a", "d"], ["a"]] and chk.verification.passed and art.meta["kept"] == ["a"]
     assert art.meta["mixed_precision"]["unbuildable"] == ["d (litert-torch could not convert the model "
                                                           "(RuntimeError: broadcast))"]
+
+
+def test_a_failure_in_the_tail_is_searched_again_on_every_calibration_sample(tmp_path):
+    """ppocr-cls android INT8: all-INT8 passed on the search's 32 calibration samples while the golden ones failed
+    (a near-tie line the 32 do not hold), so the search kept nothing and said it could not localise the failure.
+    It now searches again on every calibration sample (up to WIDE_SEARCH_SAMPLES) first: here layer 'a' breaks only
+    the rare samples, which the wide search holds, and keeping it passes. The converter is a stand-in (its builds
+    are the noise model below); the loop under test is edgekit's."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from edgekit.mixed import SEARCH_SAMPLES, Layer, Search, fallback
+
+    rng = np.random.default_rng(2)
+    calib = rng.normal(size=(200, 10)) * 3
+    rare = np.zeros(len(calib), bool)
+    rare[1::50] = True  # 4 of 200 samples: the drawn 32 hold none of them
+    seen = []
+
+    class StandInConverter:
+        def mixed_search(self, job, artifact):
+            n = int(job.options.get("search_samples") or SEARCH_SAMPLES)
+            idx = np.arange(n) * 6 if n == SEARCH_SAMPLES else np.arange(n)  # the first draw misses the rare ones
+            seen.append(n)
+            ref = [calib[idx]]
+
+            def outputs(kept):
+                return [ref[0] + (0 if "a" in kept else 1.0) * rare[idx, None] * np.sign(ref[0])]
+
+            return Search([Layer("a", "Conv", 20.0), Layer("b", "Conv", 30.0)], outputs, ref, "float")
+
+        def keep_layers(self, job, artifact, kept):
+            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
+
+    def reverify(art):
+        ok = "a" in art.meta["kept"]
+        return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden fails"],
+                                                            notes=[]))
+
+    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
+                          out_dir=tmp_path, calib=calib, options={})
+    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.05, "abs_floor": 0.0, "min_top1_agreement": 0.9})
+    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["golden fails"], notes=[]))
+    art, chk = fallback(job, StandInConverter(), SimpleNamespace(meta={}, notes=[], files=[]), checked,
+                        {"y": "regression"}, tol, reverify, log=lambda m: None, warn=lambda m: None)
+    assert seen == [SEARCH_SAMPLES, 200] and job.options == {}
+    assert chk.verification.passed and art.meta["kept"] == ["a"]
+    assert art.meta["mixed_precision"]["search_samples"] == 200
