@@ -99,16 +99,18 @@ class CoreMLConverter:
             raise ConversionError(f"precision {job.precision!r} is not offered by Core ML; one of {list(COMPRESSIONS)}")
         comp = COMPRESSIONS[job.precision]
         ios = deployment_target(job)
-        if comp.method == "w8a8" and sys.platform != "darwin":
-            raise HostCannotError(
-                "precision int8 (W8A8) calibrates activations by running Core ML predict, which exists only on macOS; "
-                "run this conversion on a Mac, or choose int8-weight or int4-weight on Linux"
-            )
         t0 = time.perf_counter()
+        w8a8_torch = None  # W8A8 calibrated in torch (PT2E) where Core ML predict is missing (Linux)
+        if comp.method == "w8a8" and sys.platform != "darwin":
+            w8a8_torch = self._pt2e_w8a8(job)
         with job.substep("MIL conversion"):
-            mlmodel, source_route = self._convert_torch(job, ct, ios)
+            mlmodel, source_route = self._convert_torch(job, ct, ios, quantized=w8a8_torch)
         kept_fp32: dict[str, str] = {}
-        if job.precision != "fp32" and not fp16_fits(job, mlmodel):
+        if w8a8_torch is not None:  # weights already int8 (constexpr_affine_dequantize): nothing left to compress
+            comp = Compression("linear", 8, ios, "W8A8: int8 per-channel weights and int8 per-tensor activations, "
+                                                 f"calibrated in torch (PT2E, {w8a8_torch['observer']} observer) "
+                                                 "on --calib")
+        elif job.precision != "fp32" and not fp16_fits(job, mlmodel):
             # some values exceed fp16's range, or fp16 storage moves the outputs too far: convert at fp32 (stable op
             # names), choose by measurement the fewest ops to leave in fp32, and run coremltools' fp16 pass on that
             # program with those ops left in fp32
@@ -124,7 +126,10 @@ class CoreMLConverter:
         job.log(f"coremltools {ct.__version__}: ML program for iOS {ios} via {source_route} in {t_convert:.2f} s")
         t1 = time.perf_counter()
         threshold = int(job.options.get("weight_threshold") or WEIGHT_THRESHOLD)
-        mlmodel = self._compress(job, mlmodel, comp, threshold)
+        if w8a8_torch is not None:
+            threshold = 1  # PT2E quantizes every conv / linear weight, whatever its size
+        else:
+            mlmodel = self._compress(job, mlmodel, comp, threshold)
         t_compress = time.perf_counter() - t1
         if comp.method:
             job.log(f"{job.precision}: {comp.describe} in {t_compress:.2f} s")
@@ -178,6 +183,16 @@ class CoreMLConverter:
                 "compression_s": round(t_compress, 3),
                 "linux_checks": checks,
                 "fp32_ops": kept_fp32,  # fp16 programs: ops kept fp32, each with the measurement that chose it
+                **({"quantization": {
+                    "tool": "PT2E (torchao prepare_pt2e / convert_pt2e) with edgekit's int8 quantizer, then "
+                            "coremltools: iOS 17 quantize / dequantize ops and int8 weight constants",
+                    "weights": "int8 symmetric per-channel", "activations": "int8 per-tensor",
+                    "calibration_method": w8a8_torch["observer"],
+                    "calibration_chosen": "by measurement (output SNR dB against float)"
+                    if len(w8a8_torch["measured_snr_db"]) > 1 else "by --option",
+                    "calibration_measured_snr_db": w8a8_torch["measured_snr_db"],
+                    "calibration_batches": w8a8_torch["batches"], "calibration_source": job.calib.source}}
+                   if w8a8_torch is not None else {}),
                 "io_names": {k: v for k, v in coreml_names(
                     [s.name for s in job.model.inputs + job.model.outputs]).items() if k != v},
             },
@@ -186,7 +201,44 @@ class CoreMLConverter:
 
     # ---------------------------------------------------------------- conversion
 
-    def _convert_torch(self, job: ConvertJob, ct, ios: int, force_fp32: bool = False):
+    def _pt2e_w8a8(self, job: ConvertJob) -> dict[str, Any]:
+        """W8A8 without Core ML predict: the torch program quantized with the PT2E flow (symmetric per-channel int8
+        weights, per-tensor int8 activations calibrated on --calib, the observer chosen by measuring each
+        fake-quant program against float), converted by coremltools into iOS 17 ``quantize`` / ``dequantize``
+        ops around the layers and int8 weight constants: the form ``linear_quantize_activations`` writes on a
+        Mac. The quantizer is edgekit's android one (converters/tflite.py), whose rewrites keep values exact."""
+        torch = require("torch")
+        from edgekit.converters.tflite import CONVERTER as TFLITE
+        from edgekit.converters.tflite import _torch_run
+        from edgekit.mixed import output_snr_db, search_feeds
+
+        require("litert_torch", "android")  # the PT2E quantizer edgekit's android path uses
+        m = job.model
+        if not m.is_torch or m.kind == "torchscript":
+            raise HostCannotError(
+                f"{m.source}: precision int8 (W8A8) on Linux quantizes a torch.export program (PT2E); this model "
+                "is TorchScript: run this conversion on a Mac (Core ML predict), or choose int8-weight")
+        assert job.calib is not None  # the pipeline refuses int8 without --calib
+        sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+        module = TFLITE._exported(job, TFLITE._module(job), sample)
+        search = search_feeds(job)
+        ref = _torch_run(module, search, m)
+        measured: dict[str, float] = {}
+        asked = job.options.get("calibration") or "auto"
+        for name in (("histogram", "minmax") if asked == "auto" else (asked,)):
+            with job.substep(f"observer ({name})"):
+                conv, _, _ = TFLITE._calibrated(job, module, sample, False, name, (), 64, fold=True)
+            measured[name] = round(output_snr_db(ref, _torch_run(conv, search, m)), 2)
+        chosen = max(measured, key=lambda k: measured[k])
+        with job.substep("calibration"):
+            converted, _, n_batches = TFLITE._calibrated(job, module, sample, False, chosen, (), fold=True)
+        job.log(f"W8A8 (PT2E in torch): observer {chosen} (" + ", ".join(f"{k} {v:.1f} dB" for k, v in
+                                                                         measured.items()) + f"), {n_batches} batches")
+        return {"module": converted, "sample": sample, "observer": chosen, "measured_snr_db": measured,
+                "batches": n_batches}
+
+    def _convert_torch(self, job: ConvertJob, ct, ios: int, force_fp32: bool = False,
+                       quantized: dict[str, Any] | None = None):
         torch = require("torch")
         m = job.model
         if not m.is_torch:
@@ -202,6 +254,18 @@ class CoreMLConverter:
         precision = ct.precision.FLOAT32 if job.precision == "fp32" or force_fp32 else ct.precision.FLOAT16
         route = "torch.export"
         ep = None
+        if quantized is not None:  # the PT2E-quantized module (W8A8 on Linux): its own export, no fallback
+            try:
+                source = torch.export.export(quantized["module"], quantized["sample"]).run_decompositions({})
+            except Exception as exc:  # noqa: BLE001 - torch.export raises many types
+                raise ConversionError(f"{m.source}: the W8A8 (PT2E) program does not export again for Core ML "
+                                      f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
+            try:
+                return ct.convert(source, inputs=inputs, outputs=outputs, convert_to="mlprogram",
+                                  minimum_deployment_target=target, compute_precision=precision), \
+                    "torch.export + PT2E W8A8"
+            except Exception as exc:  # coremltools raises NotImplementedError/ValueError/RuntimeError/AssertionError
+                raise _conversion_error(exc, source, m.source) from None
         if m.kind == "torchscript":
             source, route = m.torch_module, "TorchScript"
         else:

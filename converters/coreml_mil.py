@@ -390,7 +390,38 @@ def _gelu(torch, a):
     return torch.nn.functional.gelu(a["x"], approximate="tanh" if mode == "TANH_APPROXIMATION" else "none")
 
 
+def _qparams(torch, a, x):
+    """quantize / dequantize's scale and zero point, shaped to broadcast along ``axis`` where per channel."""
+    scale, zp = a["scale"], a.get("zero_point")
+    scale = scale.float() if torch.is_tensor(scale) else torch.tensor(scale, dtype=torch.float32)
+    zp = torch.zeros(()) if zp is None else (zp.float() if torch.is_tensor(zp) else torch.tensor(zp, dtype=torch.float32))
+    if scale.numel() > 1 or zp.numel() > 1:
+        shape = [1] * x.dim()
+        shape[int(a.get("axis") or 0) % x.dim()] = -1
+        scale = scale.reshape(shape) if scale.numel() > 1 else scale.reshape(())
+        zp = zp.reshape(shape) if zp.numel() > 1 else zp.reshape(())
+    return scale, zp
+
+
+def _quantize(torch, a):
+    """iOS 17 ``quantize``: round(x / scale) + zero point, saturated to int8 / uint8 (held as integers here, so
+    the interpreter's fp16 storage rounding never touches them)."""
+    x = a["input"].float()
+    scale, zp = _qparams(torch, a, x)
+    lo, hi = (0, 255) if str(a.get("output_dtype")) == "uint8" else (-128, 127)
+    return torch.clamp(torch.round(x / scale) + zp, lo, hi).to(torch.int32)
+
+
+def _dequantize(torch, a):
+    """iOS 17 ``dequantize``: (q - zero point) x scale."""
+    x = a["input"]
+    scale, zp = _qparams(torch, a, x)
+    return (x.float() - zp) * scale
+
+
 _KERNELS: dict[str, Any] = {
+    "quantize": _quantize,
+    "dequantize": _dequantize,
     "cast": _cast,
     "conv": _conv,
     "linear": lambda torch, a: torch.nn.functional.linear(a["x"], a["weight"], a.get("bias")),

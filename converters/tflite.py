@@ -513,7 +513,7 @@ class TFLiteConverter:
         return module
 
     def _calibrated(self, job: ConvertJob, module, sample, dynamic: bool, observer: str, keep: tuple[str, ...],
-                    limit: int | None = None):
+                    limit: int | None = None, fold: bool = False):
         """prepare_pt2e -> calibrate on --calib (its first ``limit`` samples: the searches) -> convert_pt2e: the
         fake-quant program (runs in torch)."""
         import copy
@@ -534,7 +534,7 @@ class TFLiteConverter:
                     for feed in job.calib.batches(m, limit):
                         prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
                         n_batches += 1
-            converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=False)
+            converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
         if not dynamic and n_batches == 0:
             raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
         return converted, q, n_batches
