@@ -420,6 +420,8 @@ def _dequantize(torch, a):
 
 
 _KERNELS: dict[str, Any] = {
+    "pixel_shuffle": lambda torch, a: torch.nn.functional.pixel_shuffle(a["x"], int(a["upscale_factor"])),
+    "pixel_unshuffle": lambda torch, a: torch.nn.functional.pixel_unshuffle(a["x"], int(a["downscale_factor"])),
     "quantize": _quantize,
     "dequantize": _dequantize,
     "cast": _cast,
