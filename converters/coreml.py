@@ -265,7 +265,18 @@ class CoreMLConverter:
                                   minimum_deployment_target=target, compute_precision=precision), \
                     "torch.export + PT2E W8A8"
             except Exception as exc:  # coremltools raises NotImplementedError/ValueError/RuntimeError/AssertionError
-                raise _conversion_error(exc, source, m.source) from None
+                first = _conversion_error(exc, source, m.source)
+            if isinstance(first, UnsupportedOpError):
+                # the float route falls back to TorchScript (aten.lstm); its frontend cannot read PT2E's int8
+                # weights ("could not find quantization parameters"), so this route has no such fallback
+                head = str(first).split(";")[0]
+                head += ")" * max(0, head.count("(") - head.count(")"))
+                raise UnsupportedOpError(
+                    f"{head}; W8A8 off macOS goes through coremltools' torch.export frontend, "
+                    "which lacks it (its TorchScript frontend has it but cannot read PT2E's int8 weights): a "
+                    "limitation of edgekit's W8A8 route, not of Core ML; run this conversion on a Mac, or choose "
+                    "int8-weight or fp16") from None
+            raise first from None
         if m.kind == "torchscript":
             source, route = m.torch_module, "TorchScript"
         else:

@@ -336,3 +336,29 @@ def test_pixel_shuffle_runs_in_the_host_interpreter(tmp_path):
     res = convert(str(tmp_path / "up.pt2"), target="ios", out=tmp_path / "o", precision="fp32")
     assert res.verification.passed, res.verification.failures
     assert res.manifest["artifact"]["linux_checks"]["op_counts"].get("pixel_shuffle") == 1
+
+
+@pytest.mark.skipif(ON_MAC, reason="on macOS W8A8 is calibrated by Core ML on the converted program")
+def test_w8a8_on_linux_refuses_an_lstm_with_the_routes_reason(tmp_path):
+    """W8A8 off macOS converts the PT2E program with coremltools' torch.export frontend, which has no aten.lstm
+    (the float route falls back to TorchScript; that frontend cannot read PT2E's int8 weights): refused by name,
+    said to be edgekit's route's limitation, with the ways out."""
+    import torch
+
+    from sklearn.datasets import load_digits
+
+    class Rows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.lstm, self.fc = torch.nn.LSTM(8, 16, batch_first=True), torch.nn.Linear(16, 10)
+
+        def forward(self, x):
+            return self.fc(self.lstm(x)[0][:, -1])
+
+    torch.export.save(torch.export.export(Rows().eval(), (torch.zeros(1, 8, 8),)), tmp_path / "rows.pt2")
+    np.savez(tmp_path / "c.npz", x=(load_digits().images[:64] / 16).astype(np.float32))
+    with pytest.raises(UnsupportedOpError, match=r"aten\.lstm.*limitation of edgekit's W8A8 route, not of Core ML"):
+        convert(str(tmp_path / "rows.pt2"), target="ios", out=tmp_path / "o", precision="int8",
+                calib=str(tmp_path / "c.npz"))
+    assert not (tmp_path / "o").exists()
