@@ -184,9 +184,11 @@ class CoreMLConverter:
                 "linux_checks": checks,
                 "fp32_ops": kept_fp32,  # fp16 programs: ops kept fp32, each with the measurement that chose it
                 **({"quantization": {
-                    "tool": "PT2E (torchao prepare_pt2e / convert_pt2e) with edgekit's int8 quantizer, then "
-                            "coremltools: iOS 17 quantize / dequantize ops and int8 weight constants",
-                    "weights": "int8 symmetric per-channel", "activations": "int8 per-tensor",
+                    "tool": "PT2E (torchao prepare_pt2e / convert_pt2e), then coremltools: iOS 17 quantize / "
+                            "dequantize ops and int8 weight constants",
+                    "placement": "inputs and weights of conv / linear / matmul (every other op fp16)",
+                    "layers_quantized": w8a8_torch["layers"],
+                    "weights": "int8 symmetric per-channel", "activations": "int8 per-tensor affine",
                     "calibration_method": w8a8_torch["observer"],
                     "calibration_chosen": "by measurement (output SNR dB against float)"
                     if len(w8a8_torch["measured_snr_db"]) > 1 else "by --option",
@@ -202,17 +204,21 @@ class CoreMLConverter:
     # ---------------------------------------------------------------- conversion
 
     def _pt2e_w8a8(self, job: ConvertJob) -> dict[str, Any]:
-        """W8A8 without Core ML predict: the torch program quantized with the PT2E flow (symmetric per-channel int8
-        weights, per-tensor int8 activations calibrated on --calib, the observer chosen by measuring each
-        fake-quant program against float), converted by coremltools into iOS 17 ``quantize`` / ``dequantize``
-        ops around the layers and int8 weight constants: the form ``linear_quantize_activations`` writes on a
-        Mac. The quantizer is edgekit's android one (converters/tflite.py), whose rewrites keep values exact."""
+        """W8A8 without Core ML predict: the torch program quantized with the PT2E flow (``_w8a8_quantizer``:
+        int8 inputs and per-channel int8 weights of conv / linear / matmul, per-tensor activations calibrated on
+        --calib, the observer chosen by measuring each fake-quant program against float), converted by
+        coremltools into iOS 17 ``quantize`` / ``dequantize`` ops before those layers and int8 weight constants:
+        the int8-int8 compute the Neural Engine runs; every other op stays fp16, as Core ML runs it."""
+        import copy
+
         torch = require("torch")
+        from torchao.quantization.pt2e import quantize_pt2e
+
         from edgekit.converters.tflite import CONVERTER as TFLITE
         from edgekit.converters.tflite import _torch_run
         from edgekit.mixed import output_snr_db, search_feeds
+        from edgekit.quiet import quiet_python
 
-        require("litert_torch", "android")  # the PT2E quantizer edgekit's android path uses
         m = job.model
         if not m.is_torch or m.kind == "torchscript":
             raise HostCannotError(
@@ -221,21 +227,36 @@ class CoreMLConverter:
         assert job.calib is not None  # the pipeline refuses int8 without --calib
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
         module = TFLITE._exported(job, TFLITE._module(job), sample)
+
+        def calibrated(observer: str, limit: int | None):
+            q = _w8a8_quantizer(observer)
+            n = 0
+            with quiet_python():
+                prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
+                with torch.no_grad():
+                    for feed in job.calib.batches(m, limit):
+                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
+                        n += 1
+                return quantize_pt2e.convert_pt2e(prepared, fold_quantize=True), q.layers, n
+
         search = search_feeds(job)
         ref = _torch_run(module, search, m)
         measured: dict[str, float] = {}
         asked = job.options.get("calibration") or "auto"
         for name in (("histogram", "minmax") if asked == "auto" else (asked,)):
             with job.substep(f"observer ({name})"):
-                conv, _, _ = TFLITE._calibrated(job, module, sample, False, name, (), 64, fold=True)
+                conv, _, _ = calibrated(name, 64)
             measured[name] = round(output_snr_db(ref, _torch_run(conv, search, m)), 2)
         chosen = max(measured, key=lambda k: measured[k])
         with job.substep("calibration"):
-            converted, _, n_batches = TFLITE._calibrated(job, module, sample, False, chosen, (), fold=True)
-        job.log(f"W8A8 (PT2E in torch): observer {chosen} (" + ", ".join(f"{k} {v:.1f} dB" for k, v in
-                                                                         measured.items()) + f"), {n_batches} batches")
+            converted, layers, n_batches = calibrated(chosen, None)
+        if not layers:
+            raise UnsupportedOpError(f"{m.source}: precision int8 (W8A8) quantizes conv / linear / matmul inputs and "
+                                     "weights, and this model has none: choose fp16")
+        job.log(f"W8A8 (PT2E in torch): {layers} conv/linear/matmul layer(s) int8, observer {chosen} ("
+                + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f"), {n_batches} batches")
         return {"module": converted, "sample": sample, "observer": chosen, "measured_snr_db": measured,
-                "batches": n_batches}
+                "batches": n_batches, "layers": layers}
 
     def _convert_torch(self, job: ConvertJob, ct, ios: int, force_fp32: bool = False,
                        quantized: dict[str, Any] | None = None):
@@ -694,6 +715,47 @@ def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
 _MIL_RESERVED = {"any", "bool", "program", "func", "tensor", "list", "dict", "tuple", "true", "false", "string",
                  "bf16", "fp16", "fp32", "fp64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                  "uint64", "state"}
+
+
+def _w8a8_quantizer(observer: str) -> Any:
+    """A PT2E quantizer for Core ML W8A8: the inputs of conv / linear / matmul int8 per tensor (observer
+    ``histogram`` or ``minmax``) and their weights int8 symmetric per channel; no other op is annotated, so it
+    stays fp16 in the ML program (the Neural Engine computes elementwise ops, pools and concats in fp16; as
+    TensorRT's Q/DQ placement does). The specs are litert-torch's symmetric config (the android extra)."""
+    import dataclasses
+
+    torch = require("torch")
+    pq = require("litert_torch.quantize.pt2e_quantizer", "android")
+    from torchao.quantization.pt2e import MinMaxObserver
+    from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, Quantizer
+
+    cfg = pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False)
+    act, weight = cfg.input_activation, cfg.weight
+    if observer == "minmax":
+        act = dataclasses.replace(act, observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12))
+    a = torch.ops.aten
+    weighted = {a.conv1d.default, a.conv2d.default, a.linear.default}
+    batched = {a.matmul.default, a.bmm.default}
+
+    class CoreMLW8A8Quantizer(Quantizer):
+        layers = 0
+
+        def annotate(self, model):
+            for n in model.graph.nodes:
+                if n.op != "call_function" or n.target not in weighted | batched:
+                    continue
+                ins = [x for x in n.args[:2] if isinstance(x, torch.fx.Node)]
+                if len(ins) < 2:
+                    continue
+                in_map = {ins[0]: act, ins[1]: weight if n.target in weighted else act}
+                n.meta["quantization_annotation"] = QuantizationAnnotation(input_qspec_map=in_map, _annotated=True)
+                self.layers += 1
+            return model
+
+        def validate(self, model):
+            return None
+
+    return CoreMLW8A8Quantizer()
 
 
 def coreml_names(names: list[str]) -> dict[str, str]:
