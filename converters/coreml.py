@@ -110,6 +110,16 @@ class CoreMLConverter:
             comp = Compression("linear", 8, ios, "W8A8: int8 per-channel weights and int8 per-tensor activations, "
                                                  f"calibrated in torch (PT2E, {w8a8_torch['observer']} observer) "
                                                  "on --calib")
+            if fp16_overflows(job, mlmodel):  # a power spectrum beyond fp16 (oww-melspec): those ops in fp32
+                m32, source_route = self._convert_torch(job, ct, ios, force_fp32=True, quantized=w8a8_torch)
+                kept_fp32 = fp16_overflow_ops(job, m32)
+                keep = frozenset(kept_fp32)
+                job.log(f"W8A8: {len(kept_fp32)} op(s) whose values pass fp16's range kept fp32")
+                # converted again from the torch program (a converted program's int8 weights do not survive a
+                # second conversion); the fp16 pass meets the same op names as the fp32 conversion measured
+                mlmodel, source_route = self._convert_torch(
+                    job, ct, ios, quantized=w8a8_torch,
+                    precision=ct.transform.FP16ComputePrecision(op_selector=lambda op: op.name not in keep))
         elif job.precision != "fp32" and not fp16_fits(job, mlmodel):
             # some values exceed fp16's range, or fp16 storage moves the outputs too far: convert at fp32 (stable op
             # names), choose by measurement the fewest ops to leave in fp32, and run coremltools' fp16 pass on that
@@ -136,7 +146,8 @@ class CoreMLConverter:
         _describe(mlmodel, job)
         dest = job.out_dir / PRIMARY
         mlmodel.save(str(dest))
-        checks = linux_checks(job, dest, comp, threshold, mixed=bool(kept_fp32))
+        checks = linux_checks(job, dest, comp, threshold, mixed=bool(kept_fp32),
+                              consumers=W8A8_CONSUMERS if w8a8_torch is not None else None)
         w = checks["weights"]
         job.log(f"package: weight.bin {w['measured_bytes']:,} B ({w['expected_bytes']:,} B of {job.precision} weights "
                 f"and biases, + headers), {sum(checks['op_counts'].values())} MIL ops")
@@ -259,7 +270,7 @@ class CoreMLConverter:
                 "batches": n_batches, "layers": layers}
 
     def _convert_torch(self, job: ConvertJob, ct, ios: int, force_fp32: bool = False,
-                       quantized: dict[str, Any] | None = None):
+                       quantized: dict[str, Any] | None = None, precision: Any = None):
         torch = require("torch")
         m = job.model
         if not m.is_torch:
@@ -272,7 +283,8 @@ class CoreMLConverter:
                   for s in m.inputs]
         outputs = [ct.TensorType(name=names[s.name], dtype=np.float32) for s in m.outputs]
         target = getattr(ct.target, f"iOS{ios}")
-        precision = ct.precision.FLOAT32 if job.precision == "fp32" or force_fp32 else ct.precision.FLOAT16
+        if precision is None:
+            precision = ct.precision.FLOAT32 if job.precision == "fp32" or force_fp32 else ct.precision.FLOAT16
         route = "torch.export"
         ep = None
         if quantized is not None:  # the PT2E-quantized module (W8A8 on Linux): its own export, no fallback
@@ -580,6 +592,40 @@ def fp16_fits(job: ConvertJob, mlmodel) -> bool:
     return not _judge(job, _float_reference(job, feeds) or unrounded, [interp(f) for f in feeds])
 
 
+def _peaks(job: ConvertJob, prog) -> dict[str, float] | None:
+    """Each op's largest |value| (fp32 arithmetic) on the check samples; None where the interpreter cannot run it."""
+    from edgekit.converters.coreml_mil import MILInterpreter
+
+    try:
+        interp = MILInterpreter(prog)
+    except Exception:  # noqa: BLE001 - an op the host interpreter lacks: nothing to measure here
+        return None
+    peaks: dict[str, float] = {}
+    for f in _feeds(job, check_samples(interp.fn)):
+        interp._run(f, True, peaks, None)
+    return peaks
+
+
+def _dense_program(mlmodel) -> Any:
+    """The MIL program with its compressed (int8) weights expanded, as the host interpreter runs it."""
+    from coremltools.optimize.coreml import decompress_weights
+
+    return decompress_weights(mlmodel)._mil_program
+
+
+def fp16_overflows(job: ConvertJob, mlmodel) -> bool:
+    """Whether some value of the program passes a quarter of fp16's range (FP16_LIMIT) on the check samples."""
+    peaks = _peaks(job, _dense_program(mlmodel))
+    return bool(peaks) and any(v > FP16_LIMIT for v in peaks.values())
+
+
+def fp16_overflow_ops(job: ConvertJob, m32) -> dict[str, str]:
+    """The ops of an fp32 program whose values in or out pass FP16_LIMIT, each with its peak (kept fp32)."""
+    peaks = _peaks(job, _dense_program(m32)) or {}
+    return {k: f"values reach {v:.3g}" + (", beyond fp16's 65504" if v > 65504 else ", within 4x of fp16's 65504")
+            for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]) if v > FP16_LIMIT}
+
+
 def _float_reference(job: ConvertJob, feeds: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]] | None:
     """The float model's outputs on feeds keyed by Core ML names (None where the reference cannot run them)."""
     back = {v: k for k, v in coreml_names([s.name for s in job.model.inputs + job.model.outputs]).items()}
@@ -734,6 +780,8 @@ def _w8a8_quantizer(observer: str) -> Any:
     if observer == "minmax":
         act = dataclasses.replace(act, observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12))
     a = torch.ops.aten
+    # conv_transpose stays fp16: its per-channel int8 weights came out wrong through coremltools (PP-OCRv4's
+    # detector lost its whole map: IoU 0.00)
     weighted = {a.conv1d.default, a.conv2d.default, a.linear.default}
     batched = {a.matmul.default, a.bmm.default}
 
@@ -778,7 +826,11 @@ def coreml_names(names: list[str]) -> dict[str, str]:
     return out
 
 
-def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, mixed: bool = False) -> dict[str, Any]:
+W8A8_CONSUMERS = frozenset({"conv", "linear", "matmul"})  # the ops whose weights _w8a8_quantizer stores int8
+
+
+def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, mixed: bool = False,
+                 consumers: frozenset[str] | None = None) -> dict[str, Any]:
     """Static checks of the saved package; raises ConversionError where it does not match the request."""
     from edgekit.converters import coreml_mil as cm
 
@@ -795,7 +847,7 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, 
         want = [{"name": rn[s.name], "shape": list(s.shape), "dtype": coreml_dtype(s.dtype)} for s in specs]
         if [(g["name"], g["shape"], g["dtype"]) for g in got] != [(w["name"], w["shape"], w["dtype"]) for w in want]:
             problems.append(f"{kind}s are {got}, the source model has {want}")
-    weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision, mixed)
+    weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision, mixed, consumers)
     problems += weights.pop("problems")
     if problems:
         raise ConversionError(f"{pkg.name} does not match the request: " + "; ".join(problems))
@@ -810,14 +862,15 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, 
 
 
 def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, precision: str,
-                 mixed: bool = False) -> dict[str, Any]:
+                 mixed: bool = False, consumers: frozenset[str] | None = None) -> dict[str, Any]:
     """Measured weight-file bytes against what the requested compression should take."""
     from edgekit.converters import coreml_mil as cm
 
     elem_bytes = 4 if precision == "fp32" else 2
     weights = cm.float_weights(dense)
     compressed = cm.compressed_weights(raw)
-    eligible = [w for w in weights if int(np.prod(w[1])) >= threshold] if comp.method else []
+    eligible = [w for w in weights if int(np.prod(w[1])) >= threshold and (consumers is None or w[2] in consumers)
+                ] if comp.method else []
     n_all = sum(int(np.prod(s)) for _, s, _ in weights)
     n_elig = sum(int(np.prod(s)) for _, s, _ in eligible)
     # every other float const (biases, small weights, ...) is stored at the compute precision

@@ -123,6 +123,8 @@ def compressed_weights(prog: Any) -> dict[str, str]:
             continue
         for key in ("weight", "y"):
             var = op.inputs.get(key)
+            if var is not None and var.op is not None and var.op.op_type == "cast":
+                var = var.op.inputs.get("x")  # stored compressed, cast for a consumer kept fp32
             if var is not None and var.op is not None and var.op.op_type.startswith("constexpr_"):
                 out[f"{op.name}.{key}"] = var.op.op_type
     return out
