@@ -238,6 +238,7 @@ class CoreMLConverter:
         assert job.calib is not None  # the pipeline refuses int8 without --calib
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
         module = TFLITE._exported(job, TFLITE._module(job), sample)
+        _comparisons_as_coreml_reads_them(module)
 
         def calibrated(observer: str, limit: int | None):
             q = _w8a8_quantizer(observer)
@@ -761,6 +762,26 @@ def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
 _MIL_RESERVED = {"any", "bool", "program", "func", "tensor", "list", "dict", "tuple", "true", "false", "string",
                  "bf16", "fp16", "fp32", "fp64", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32",
                  "uint64", "state"}
+
+
+def _comparisons_as_coreml_reads_them(gm: Any) -> int:
+    """aten.greater_equal / greater / less_equal / less (what onnx2torch writes for ONNX comparisons) as their
+    aliases ge / gt / le / lt, which coremltools' torch.export frontend converts (it has no converter under the
+    long names; the float route reaches them through TorchScript, which the W8A8 route cannot take)."""
+    torch = require("torch")
+    a = torch.ops.aten
+    alias = {a.greater_equal.Tensor: a.ge.Tensor, a.greater_equal.Scalar: a.ge.Scalar,
+             a.greater.Tensor: a.gt.Tensor, a.greater.Scalar: a.gt.Scalar,
+             a.less_equal.Tensor: a.le.Tensor, a.less_equal.Scalar: a.le.Scalar,
+             a.less.Tensor: a.lt.Tensor, a.less.Scalar: a.lt.Scalar}
+    n = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in alias:
+            node.target = alias[node.target]
+            n += 1
+    if n:
+        gm.recompile()
+    return n
 
 
 def _w8a8_quantizer(observer: str) -> Any:
