@@ -362,3 +362,31 @@ def test_w8a8_on_linux_refuses_an_lstm_with_the_routes_reason(tmp_path):
         convert(str(tmp_path / "rows.pt2"), target="ios", out=tmp_path / "o", precision="int8",
                 calib=str(tmp_path / "c.npz"))
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.skipif(ON_MAC, reason="on macOS W8A8 is calibrated by Core ML on the converted program")
+def test_w8a8_on_linux_takes_an_onnx_comparison(tmp_path):
+    """openWakeWord's verifier cascade (an ONNX GreaterOrEqual and Where, as the ONNX bridge writes its If) was
+    refused at W8A8: onnx2torch writes aten.greater_equal, which coremltools' torch.export frontend has no converter
+    for (the float route reaches it through TorchScript). It is written as aten.ge, converts, and verifies."""
+    import torch
+
+    class Cascade(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.first, self.second = torch.nn.Linear(16, 1), torch.nn.Linear(16, 1)
+
+        def forward(self, x):
+            p1 = torch.sigmoid(self.first(x))
+            return torch.where(p1 >= 0.5, torch.sigmoid(self.second(x)), p1)
+
+    path = tmp_path / "cascade.onnx"
+    torch.onnx.export(Cascade().eval(), (torch.zeros(1, 16),), str(path), input_names=["x"], output_names=["score"],
+                      opset_version=13, dynamo=False)
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).normal(size=(300, 16)).astype(np.float32))
+    res = convert(str(path), target="ios", out=tmp_path / "o", precision="int8", calib=str(tmp_path / "calib.npz"),
+                  output_kinds={"score": "regression"})
+    ops = res.manifest["artifact"]["linux_checks"]["op_counts"]
+    assert ops.get("greater_equal") == 1 and ops.get("quantize") == 1 and ops.get("select") == 1, ops  # x read by both
+    assert res.verification.passed, res.verification.failures
