@@ -396,7 +396,9 @@ def _qparams(torch, a, x):
     """quantize / dequantize's scale and zero point, shaped to broadcast along ``axis`` where per channel."""
     scale, zp = a["scale"], a.get("zero_point")
     scale = scale.float() if torch.is_tensor(scale) else torch.tensor(scale, dtype=torch.float32)
-    zp = torch.zeros(()) if zp is None else (zp.float() if torch.is_tensor(zp) else torch.tensor(zp, dtype=torch.float32))
+    if zp is None:
+        zp = torch.zeros(())
+    zp = zp.float() if torch.is_tensor(zp) else torch.tensor(zp, dtype=torch.float32)
     if scale.numel() > 1 or zp.numel() > 1:
         shape = [1] * x.dim()
         shape[int(a.get("axis") or 0) % x.dim()] = -1

@@ -238,10 +238,11 @@ class UpNet(nn.Module):
 
 
 def test_upsampling_conv_transpose_converts_full_integer_as_conv_and_pixel_shuffle(tmp_path):
-    """A ConvTranspose whose kernel equals its stride (PP-OCR's DB head) was refused on android at INT8 (litert-torch
-    lowers conv_transpose to a float TRANSPOSE_CONV even annotated). It is rewritten into a 1x1 conv to out x 4
-    channels and a pixel shuffle (RESHAPE / TRANSPOSE in the .tflite): the same values in float (checked here to 1e-5), full-integer in the .tflite, the
-    map kept on real digits. A ConvTranspose with padding has no such rewrite and stays refused by name."""
+    """A ConvTranspose whose kernel equals its stride (PP-OCR's DB head) was refused on android at INT8
+    (litert-torch lowers conv_transpose to a float TRANSPOSE_CONV even annotated). It is rewritten into a 1x1 conv
+    to out x 4 channels and a pixel shuffle (RESHAPE / TRANSPOSE in the .tflite): the same values in float
+    (checked here to 1e-5), full-integer in the .tflite, the map kept on real digits. A ConvTranspose with
+    padding has no such rewrite and stays refused by name."""
     import onnx
     from sklearn.datasets import load_digits
 

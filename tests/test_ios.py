@@ -218,7 +218,8 @@ def test_w8a8_on_linux_is_calibrated_in_torch_and_verified(digits, tmp_path):
     from edgekit.converters import coreml_mil
 
     x = {"image": np.load(digits["eval"])["image"][:8].astype(np.float32)}
-    got = [MILInterpreter(load_program(_pkg(res), decompress=True))({"image": x["image"][i:i + 1]})[0] for i in range(8)]
+    interp = MILInterpreter(load_program(_pkg(res), decompress=True))
+    got = [interp({"image": x["image"][i:i + 1]})[0] for i in range(8)]
     real = dict(coreml_mil._KERNELS)
     coreml_mil._KERNELS.update(quantize=lambda torch, a: a["input"], dequantize=lambda torch, a: a["input"].float())
     try:
