@@ -65,18 +65,12 @@ class Outcome:
         return d
 
 
-SEARCH_SAMPLES = 32  # calibration samples the sensitivity search runs on
-WIDE_SEARCH_SAMPLES = 256  # ... and, where all-INT8 passes on those, the most it retries on
-
-
-def search_feeds(job: Any, n: int | None = None) -> list[dict[str, np.ndarray]]:
+def search_feeds(job: Any, n: int = 32) -> list[dict[str, np.ndarray]]:
     """Up to ``n`` calibration samples spread over the file (never the golden or eval samples: the pipeline holds
-    those out of --calib), for measuring calibration methods / observers and layer sensitivity; ``n`` defaults to
-    the job's ``search_samples`` (set by the wider retry of ``fallback``), else SEARCH_SAMPLES."""
+    those out of --calib), for measuring calibration methods / observers and layer sensitivity."""
     from edgekit.data import draw
 
     ds = job.calib
-    n = n or int(job.options.get("search_samples") or SEARCH_SAMPLES)
     return list(ds.subset(draw(len(ds), n, ds.labels, seed=7)).batches(job.model))
 
 
@@ -249,23 +243,9 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
     outcome = keep_fewest(search, passes, log=log)
-    n_first = len(search.reference[0])
-    n_all = len(job.calib) if getattr(job, "calib", None) is not None else n_first
-    if not outcome.scanned and n_all > n_first:
-        # the failure is in the tail (a near-tie the first samples do not hold): search again on every
-        # calibration sample, up to WIDE_SEARCH_SAMPLES, before saying the search cannot localise it
-        wide = min(n_all, WIDE_SEARCH_SAMPLES)
-        log(f"mixed precision: all-INT8 passes on {n_first} calibration samples; searching again on {wide}")
-        job.options["search_samples"] = wide
-        try:
-            search = conv.mixed_search(job, artifact)
-        finally:
-            job.options.pop("search_samples", None)
-        outcome = keep_fewest(search, passes, log=log)
     if not outcome.scanned:
-        msg = (f"mixed precision: all-INT8 passes the checks on the {len(search.reference[0])} calibration samples "
-               "the search ran on, so they cannot show which layers fail on the held-out ones; no layer kept "
-               "(calibrate on inputs like those that fail)")
+        msg = ("mixed precision: all-INT8 passes the checks on the calibration samples, so they cannot show which "
+               "layers fail on the held-out ones; no layer kept (calibrate on inputs like those that fail)")
         warn(msg)
         checked.verification.notes.append(msg)
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
