@@ -202,8 +202,8 @@ class CoreMLConverter:
                     "weights": "int8 symmetric per-channel", "activations": "int8 per-tensor affine",
                     "calibration_method": w8a8_torch["observer"],
                     "calibration_chosen": "by measurement (output SNR dB against float)"
-                    if len(w8a8_torch["measured_snr_db"]) > 1 else "by --option",
-                    "calibration_measured_snr_db": w8a8_torch["measured_snr_db"],
+                    if w8a8_torch["measured_snr_db"] else "by --option",
+                    "calibration_measured_snr_db": w8a8_torch["measured_snr_db"] or None,
                     "calibration_batches": w8a8_torch["batches"], "calibration_source": job.calib.source}}
                    if w8a8_torch is not None else {}),
                 "io_names": {k: v for k, v in coreml_names(
@@ -220,15 +220,8 @@ class CoreMLConverter:
         --calib, the observer chosen by measuring each fake-quant program against float), converted by
         coremltools into iOS 17 ``quantize`` / ``dequantize`` ops before those layers and int8 weight constants:
         the int8-int8 compute the Neural Engine runs; every other op stays fp16, as Core ML runs it."""
-        import copy
-
         torch = require("torch")
-        from torchao.quantization.pt2e import quantize_pt2e
-
         from edgekit.converters.tflite import CONVERTER as TFLITE
-        from edgekit.converters.tflite import _torch_run
-        from edgekit.mixed import output_snr_db, search_feeds
-        from edgekit.quiet import quiet_python
 
         m = job.model
         if not m.is_torch or m.kind == "torchscript":
@@ -239,34 +232,17 @@ class CoreMLConverter:
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
         module = TFLITE._exported(job, TFLITE._module(job), sample)
         _comparisons_as_coreml_reads_them(module)
-
-        def calibrated(observer: str, limit: int | None):
-            q = _w8a8_quantizer(observer)
-            n = 0
-            with quiet_python():
-                prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
-                with torch.no_grad():
-                    for feed in job.calib.batches(m, limit):
-                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
-                        n += 1
-                return quantize_pt2e.convert_pt2e(prepared, fold_quantize=True), q.layers, n
-
-        search = search_feeds(job)
-        ref = _torch_run(module, search, m)
-        measured: dict[str, float] = {}
-        asked = job.options.get("calibration") or "auto"
-        for name in (("histogram", "minmax") if asked == "auto" else (asked,)):
-            with job.substep(f"observer ({name})"):
-                conv, _, _ = calibrated(name, 64)
-            measured[name] = round(output_snr_db(ref, _torch_run(conv, search, m)), 2)
-        chosen = max(measured, key=lambda k: measured[k])
+        # the PT2E steps are android's (observer chosen by measuring, calibration), with Core ML's quantizer
+        chosen, measured = TFLITE._observer(job, module, sample, (), _w8a8_quantizer)
         with job.substep("calibration"):
-            converted, layers, n_batches = calibrated(chosen, None)
+            converted, q, n_batches = TFLITE._calibrated(job, module, sample, False, chosen, (),
+                                                         quantizer_for=_w8a8_quantizer, fold=True)
+        layers = q.layers
         if not layers:
             raise UnsupportedOpError(f"{m.source}: precision int8 (W8A8) quantizes conv / linear / matmul inputs and "
                                      "weights, and this model has none: choose fp16")
-        job.log(f"W8A8 (PT2E in torch): {layers} conv/linear/matmul layer(s) int8, observer {chosen} ("
-                + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f"), {n_batches} batches")
+        job.log(f"W8A8 (PT2E in torch): {layers} conv/linear/matmul layer(s) int8, observer {chosen}, "
+                f"{n_batches} batches")
         return {"module": converted, "sample": sample, "observer": chosen, "measured_snr_db": measured,
                 "batches": n_batches, "layers": layers}
 
@@ -401,8 +377,6 @@ class CoreMLConverter:
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
             n = next(iter(feeds.values())).shape[0]
             parts = [interp({rn[k]: v[i:i + batch] for k, v in feeds.items()}) for i in range(0, n, batch)]
-            if len(parts) == 1:  # one batch (verify's feeds): the model's own layout, merged by the caller
-                return parts[0]
             return [np.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]
 
         return run
@@ -622,7 +596,11 @@ def fp16_overflows(job: ConvertJob, mlmodel) -> bool:
 
 def fp16_overflow_ops(job: ConvertJob, m32) -> dict[str, str]:
     """The ops of an fp32 program whose values in or out pass FP16_LIMIT, each with its peak (kept fp32)."""
-    peaks = _peaks(job, _dense_program(m32)) or {}
+    return _beyond_fp16(_peaks(job, _dense_program(m32)) or {})
+
+
+def _beyond_fp16(peaks: dict[str, float]) -> dict[str, str]:
+    """The ops whose peak passes FP16_LIMIT, largest first, each with the reason it stays fp32."""
     return {k: f"values reach {v:.3g}" + (", beyond fp16's 65504" if v > 65504 else ", within 4x of fp16's 65504")
             for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]) if v > FP16_LIMIT}
 
@@ -693,8 +671,7 @@ def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
     feeds = _feeds(job, check_samples(interp.fn))
     peaks: dict[str, float] = {}
     ref = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
-    keep = {k: f"values reach {v:.3g}" + (", beyond fp16's 65504" if v > 65504 else ", within 4x of fp16's 65504")
-            for k, v in sorted(peaks.items(), key=lambda kv: -kv[1]) if v > FP16_LIMIT}
+    keep = _beyond_fp16(peaks)
     float_ops = {op.name for op in interp.fn.operations if op.op_type != "const"}
     passes = [0]
 

@@ -310,10 +310,9 @@ def _preprocessed(job: ConvertJob, src: Path) -> Path:
 
 
 def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    model = load_firmware("tensorrt").OnnxRuntimeModel(str(path))
-    from edgekit.verify import feed_batch, output_checks
+    from edgekit.verify import run_all
 
-    return output_checks().merge_batches([model(f) for f in feeds], feed_batch(feeds[0]))[0]
+    return run_all(load_firmware("tensorrt").OnnxRuntimeModel(str(path)), feeds)
 
 
 def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str) -> Path:

@@ -42,6 +42,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -459,23 +460,7 @@ class TFLiteConverter:
         m = job.model
         module = self._exported(job, module, sample)
         keep = tuple(job.options.get("keep_float_nodes") or ())
-        asked = job.options.get("calibration") or "auto"
-        measured: dict[str, float] = {}
-        if dynamic:
-            chosen = "histogram"
-        elif asked == "auto":  # each observer's fake-quant model against float on calibration samples
-            search = search_feeds(job)
-            ref = _torch_run(module, search, m)
-            for name in OBSERVERS:
-                with job.substep(f"observer ({name})"):
-                    conv, _, _ = self._calibrated(job, module, sample, False, name, keep, SEARCH_CALIB)
-                measured[name] = round(output_snr_db(ref, _torch_run(conv, search, m)), 2)
-            chosen = max(measured, key=lambda k: measured[k])
-            job.log("activation observer by measurement (output SNR against float on "
-                    f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
-                    + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
-        else:
-            chosen = asked
+        chosen, measured = ("histogram", {}) if dynamic else self._observer(job, module, sample, keep)
         with job.substep("calibration"):
             converted, q, n_batches = self._calibrated(job, module, sample, dynamic, chosen, keep)
         with job.substep("TFLite lowering"):
@@ -512,17 +497,41 @@ class TFLiteConverter:
                 raise ConversionError(_explain_export_failure(exc, job.model.source)) from None
         return module
 
+    def _observer(self, job: ConvertJob, module, sample, keep: tuple[str, ...],
+                  quantizer_for: Callable[[str], Any] | None = None) -> tuple[str, dict[str, float]]:
+        """The activation observer and what chose it: ``--option calibration`` as given, else each of OBSERVERS'
+        fake-quant programs measured against float (output SNR) on calibration samples, the best taken.
+        ``quantizer_for(observer)`` builds another PT2E quantizer (Core ML W8A8's) than android's."""
+        asked = job.options.get("calibration") or "auto"
+        if asked != "auto":
+            return asked, {}
+        m = job.model
+        search = search_feeds(job)
+        ref = _torch_run(module, search, m)
+        measured: dict[str, float] = {}
+        for name in OBSERVERS:
+            with job.substep(f"observer ({name})"):
+                conv, _, _ = self._calibrated(job, module, sample, False, name, keep, SEARCH_CALIB, quantizer_for)
+            measured[name] = round(output_snr_db(ref, _torch_run(conv, search, m)), 2)
+        chosen = max(measured, key=lambda k: measured[k])
+        job.log("activation observer by measurement (output SNR against float on "
+                f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
+                + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
+        return chosen, measured
+
     def _calibrated(self, job: ConvertJob, module, sample, dynamic: bool, observer: str, keep: tuple[str, ...],
-                    limit: int | None = None, fold: bool = False):
+                    limit: int | None = None, quantizer_for: Callable[[str], Any] | None = None,
+                    fold: bool = False):
         """prepare_pt2e -> calibrate on --calib (its first ``limit`` samples: the searches) -> convert_pt2e: the
-        fake-quant program (runs in torch)."""
+        fake-quant program (runs in torch). ``quantizer_for(observer)``: another quantizer than android's;
+        ``fold``: weights as int8 constants (what coremltools reads) instead of quantize ops."""
         import copy
 
         torch = require("torch")
         from torchao.quantization.pt2e import quantize_pt2e
 
         m = job.model
-        q = _quantizer(dynamic, observer, keep)
+        q = quantizer_for(observer) if quantizer_for is not None else _quantizer(dynamic, observer, keep)
         n_batches = 0
         with quiet_python():
             prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
@@ -603,16 +612,16 @@ class TFLiteConverter:
 
 
 def _torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray]:
+    """``module`` on every feed, merged as verification merges (edgekit.verify.run_all)."""
     torch = require("torch")
-    outs = []
-    with torch.no_grad():
-        for f in feeds:
-            o = module(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
-            o = o if isinstance(o, (tuple, list)) else (o,)
-            outs.append([t.detach().numpy() for t in o])
-    from edgekit.verify import feed_batch, output_checks
+    from edgekit.verify import run_all
 
-    return output_checks().merge_batches(outs, feed_batch(feeds[0]))[0]
+    def one(f: dict[str, np.ndarray]) -> list[np.ndarray]:
+        with torch.no_grad():
+            o = module(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
+        return [t.detach().numpy() for t in (o if isinstance(o, (tuple, list)) else (o,))]
+
+    return run_all(one, feeds)
 
 
 def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]:

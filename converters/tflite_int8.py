@@ -201,9 +201,7 @@ def annotate(gm: Any, cfg: Any) -> int:
             ins = [x for x in _tensor_args(node) if _is_float_tensor(x)]
             if ins and (node.target in compare or (_is_float_tensor(node) and len(ins) == 2)):
                 x = ins[0]
-                src = x.meta.get("quantization_annotation")
-                first = SharedQuantizationSpec(x) if (src is not None and src.output_qspec is not None
-                                                      and src._annotated) else act_in
+                first = SharedQuantizationSpec(x) if _quantized_out(x) else act_in
                 in_map = {x: first}
                 out = None
                 if node.target in select:  # both branches and the output at the first branch's scale
@@ -226,8 +224,7 @@ def annotate(gm: Any, cfg: Any) -> int:
             continue
         if node.target in same:
             x = ins[0]
-            src = x.meta.get("quantization_annotation")
-            if src is not None and src.output_qspec is not None and src._annotated:
+            if _quantized_out(x):
                 spec = SharedQuantizationSpec(x)
                 in_map = {x: spec}
             else:
@@ -245,11 +242,7 @@ def annotate(gm: Any, cfg: Any) -> int:
             # BATCH_MATMUL's operands keep their producers' scales: litert-torch lowers a 4-D matmul through
             # RESHAPEs, which must not rescale, so a requantization between an attention softmax (fixed 1/256)
             # and its matmul failed the conversion ("'tfl.reshape' op ... violate the same scale constraint")
-            in_map = {}
-            for x in ins:
-                src = x.meta.get("quantization_annotation")
-                in_map[x] = (SharedQuantizationSpec(x) if src is not None and src._annotated
-                             and src.output_qspec is not None else act_in)
+            in_map = {x: SharedQuantizationSpec(x) if _quantized_out(x) else act_in for x in ins}
             node.meta["quantization_annotation"] = QuantizationAnnotation(
                 input_qspec_map=in_map, output_qspec=act_out, _annotated=True)
         else:
@@ -260,6 +253,13 @@ def annotate(gm: Any, cfg: Any) -> int:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _quantized_out(x: Any) -> bool:
+    """Whether ``x``'s producer is annotated with an output spec: a reader can take ``x`` at that scale
+    (SharedQuantizationSpec) instead of requantizing it."""
+    src = x.meta.get("quantization_annotation")
+    return src is not None and src._annotated and src.output_qspec is not None
 
 
 def _upsampling_deconv(gm: Any, node: Any) -> bool:

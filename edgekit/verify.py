@@ -94,6 +94,15 @@ def run_all_axes(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> tuple[li
     return output_checks().merge_batches([runner(f) for f in feeds], feed_batch(feeds[0]))
 
 
+def run_pair(reference: Runner, artifact: Runner, feeds: list[dict[str, np.ndarray]]
+             ) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+    """The float and the converted outputs on ``feeds``, both merged on the batch axes the float outputs show
+    (so a converted output is read exactly as its float one)."""
+    ref, axes = run_all_axes(reference, feeds)
+    got = output_checks().merge_batches([artifact(f) for f in feeds], feed_batch(feeds[0]), axes)[0]
+    return ref, got, axes
+
+
 def top1_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     """Share of samples whose arg-max class is the label (logits: [N, classes] or [N, ...])."""
     return float(np.mean(np.argmax(logits.reshape(len(labels), -1), axis=1) == labels))
@@ -169,8 +178,7 @@ def verify(
     (``firmware/common/edgekit_smoke.check_output``); ``kinds`` default to what the float outputs show."""
     smoke = output_checks()
     feeds = list(golden.batches(model, golden_count))
-    ref, axes = run_all_axes(reference, feeds)
-    got = output_checks().merge_batches([artifact(f) for f in feeds], feed_batch(feeds[0]), axes)[0]
+    ref, got, axes = run_pair(reference, artifact, feeds)
     names = [s.name for s in model.outputs]
     kinds = kinds or {n: smoke.infer_kind(r, len(names)) for n, r in zip(names, ref, strict=True)}
     checks, failures = [], []
@@ -192,8 +200,7 @@ def verify(
     if eval_data is not None:
         efeeds = list(eval_data.batches(model))
         n = sum(len(next(iter(f.values()))) for f in efeeds)
-        fref, eaxes = run_all_axes(reference, efeeds)
-        fgot = smoke.merge_batches([artifact(f) for f in efeeds], feed_batch(efeeds[0]), eaxes)[0]
+        fref, fgot, _ = run_pair(reference, artifact, efeeds)
         v.eval_samples = n
         positions, eval_failures = {}, {}
         for i, name in enumerate(names):

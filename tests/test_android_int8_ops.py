@@ -134,23 +134,17 @@ class LayerNormNet(nn.Module):
         return self.head(torch.relu(h).flatten(1))
 
 
-def test_layernorm_written_out_runs_fully_int8(tmp_path):
-    """An ONNX LayerNorm of Pow / Sqrt / Div (none has a TFLite int8 kernel) was refused at int8; the converter
-    now writes x**2 as MUL and a / sqrt(b) as a * RSQRT(b): the build is full-integer and keeps the accuracy of
-    the float model on held-out digits. A Pow that is not a square stays refused."""
-    import onnx
+def _rows_onnx(model: nn.Module, path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``model`` trained on scikit-learn's digits read as 8 rows of 8 (a sequence), exported to ONNX the way
+    paddle2onnx writes graphs (TorchScript exporter, opset 13); returns the train images and the held-out ones
+    with their labels."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
-
-    from edgekit.analyze import analyze_onnx
-    from edgekit.profiles import load_target
 
     d = load_digits()
     x = (d.images / 16.0).astype(np.float32)
     x_tr, x_te, y_tr, y_te = train_test_split(x, d.target.astype(np.int64), test_size=0.25, random_state=0,
                                               stratify=d.target)
-    torch.manual_seed(0)
-    model = LayerNormNet()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     xt, yt = torch.from_numpy(x_tr), torch.from_numpy(y_tr)
     for _ in range(30):
@@ -159,20 +153,39 @@ def test_layernorm_written_out_runs_fully_int8(tmp_path):
             nn.functional.cross_entropy(model(xt[i:i + 64]), yt[i:i + 64]).backward()
             opt.step()
     model.eval()
-    path = tmp_path / "ln.onnx"
-    # the TorchScript exporter at opset 13 writes the graph as paddle2onnx does (ReduceMean's axes an attribute)
     torch.onnx.export(model, (torch.zeros(1, 8, 8),), str(path), input_names=["rows"], output_names=["logits"],
                       opset_version=13, dynamo=False)
+    return x_tr, x_te, y_te
+
+
+def _rows_int8(path, tmp_path, x_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray):
+    """The android INT8 build of a rows model, calibrated on 300 train digits, evaluated on the held-out ones."""
+    np.savez(tmp_path / "calib.npz", rows=x_tr[:300])
+    np.savez(tmp_path / "eval.npz", rows=x_te, label=y_te)
+    return convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
+                   eval_data=str(tmp_path / "eval.npz"))
+
+
+def test_layernorm_written_out_runs_fully_int8(tmp_path):
+    """An ONNX LayerNorm of Pow / Sqrt / Div (none has a TFLite int8 kernel) was refused at int8; the converter
+    now writes x**2 as MUL and a / sqrt(b) as a * RSQRT(b): the build is full-integer and keeps the accuracy of
+    the float model on held-out digits. A Pow that is not a square stays refused."""
+    import onnx
+
+    from edgekit.analyze import analyze_onnx
+    from edgekit.profiles import load_target
+
+    torch.manual_seed(0)
+    path = tmp_path / "ln.onnx"
+    # the TorchScript exporter at opset 13 writes the graph as paddle2onnx does (ReduceMean's axes an attribute)
+    x_tr, x_te, y_te = _rows_onnx(LayerNormNet(), path)
     ops = {n.op_type for n in onnx.load(str(path)).graph.node}
     assert {"Pow", "Sqrt", "Div"} <= ops, ops
     android = load_target("android")
     assert analyze_onnx(path, android.supported_ops, "android", android.rewrites).unsupported == []
     assert {u["op"] for u in analyze_onnx(path, android.supported_ops, "android").unsupported} == {"Pow", "Sqrt",
                                                                                                    "Div"}
-    np.savez(tmp_path / "calib.npz", rows=x_tr[:300])
-    np.savez(tmp_path / "eval.npz", rows=x_te, label=y_te)
-    res = convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
-                  eval_data=str(tmp_path / "eval.npz"))
+    res = _rows_int8(path, tmp_path, x_tr, x_te, y_te)
     art = res.manifest["artifact"]
     assert art["full_integer"] is True and art["float_ops"] == [], art
     assert art["op_counts"].get("RSQRT") == 1 and "POW" not in art["op_counts"] and "DIV" not in art["op_counts"]
@@ -303,30 +316,9 @@ def test_multi_head_attention_converts_full_integer(tmp_path):
     quantization parameters violate the same scale constraint", PP-OCRv4's recogniser): the matmul requantized the
     softmax's fixed 1/256 scale, and litert-torch lowers a 4-D matmul through RESHAPEs, which may not rescale. Its
     operands now keep their producers' scales: full-integer BATCH_MATMUL, the float model's accuracy kept."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    d = load_digits()
-    x = (d.images / 16.0).astype(np.float32)
-    x_tr, x_te, y_tr, y_te = train_test_split(x, d.target.astype(np.int64), test_size=0.25, random_state=0,
-                                              stratify=d.target)
     torch.manual_seed(0)
-    model = HeadsNet()
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    xt, yt = torch.from_numpy(x_tr), torch.from_numpy(y_tr)
-    for _ in range(30):
-        for i in range(0, len(xt), 64):
-            opt.zero_grad()
-            nn.functional.cross_entropy(model(xt[i:i + 64]), yt[i:i + 64]).backward()
-            opt.step()
-    model.eval()
     path = tmp_path / "heads.onnx"
-    torch.onnx.export(model, (torch.zeros(1, 8, 8),), str(path), input_names=["rows"], output_names=["logits"],
-                      opset_version=13, dynamo=False)
-    np.savez(tmp_path / "calib.npz", rows=x_tr[:300])
-    np.savez(tmp_path / "eval.npz", rows=x_te, label=y_te)
-    res = convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
-                  eval_data=str(tmp_path / "eval.npz"))
+    res = _rows_int8(path, tmp_path, *_rows_onnx(HeadsNet(), path))
     art = res.manifest["artifact"]
     assert art["full_integer"] is True and art["float_ops"] == [], art
     assert art["op_counts"].get("BATCH_MATMUL") == 2 and art["op_counts"].get("SOFTMAX") == 1, art["op_counts"]

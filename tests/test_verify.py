@@ -375,3 +375,19 @@ def test_time_major_ctc_output_is_merged_on_its_batch_axis_host_and_board(digits
     (bundle / "manifest.json").write_text(json.dumps(man))
     proc = board()
     assert proc.returncode == 1 and "FAIL golden" in proc.stdout, proc.stdout
+
+
+def test_a_batch_axis_beyond_the_output_is_named():
+    """The board merges its runs on the manifest's batch_axis: one that is not an axis of the output (a damaged or
+    hand-edited manifest) is a one-line error naming it, not numpy's AxisError from deep inside the merge."""
+    import numpy as np
+    import pytest as _pytest
+
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    parts = [[np.zeros((5, 1, 3))], [np.ones((5, 1, 3))]]
+    merged, axes = smoke.merge_batches(parts, 1)
+    assert axes == [1] and merged[0].shape == (2, 5, 3) and merged[0][1].min() == 1.0
+    with _pytest.raises(ValueError, match="batch_axis 7 is not an axis of its 3-d output"):
+        smoke.merge_batches(parts, 1, [7])

@@ -286,6 +286,9 @@ def merge_batches(parts, batch, axes=None):
         if arrs[0].ndim == 0:
             arrs = [a.reshape(1) for a in arrs]
         ax = output_batch_axis(arrs[0].shape, batch) if axes is None or axes[k] is None else int(axes[k])
+        if not 0 <= ax < arrs[0].ndim:
+            raise ValueError("output %d: batch_axis %d is not an axis of its %d-d output (manifest.json: "
+                             "rebuild the bundle)" % (k, ax, arrs[0].ndim))
         joined = np.concatenate(arrs, axis=ax)
         merged.append(np.moveaxis(joined, ax, 0) if ax else joined)
         used.append(ax)
