@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import string
 import subprocess
 import sys
 import tempfile
@@ -119,8 +120,27 @@ def text_pages_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
                                     for i in range(n)]))
 
 
-def photo_rgb_255(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
-    return np.ascontiguousarray(_crops(h, w, n, seed=1).transpose(0, 3, 1, 2), dtype=np.float32)
+def captcha_rgb_255(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """What ddddocr's detector is for, click captchas: a photograph with 3-6 characters drawn on it at random
+    places, sizes (28-63 px) and colours, some with an outline, NCHW RGB 0..255 as ddddocr feeds it; every fourth
+    sample a photograph with none. The characters are Latin letters and digits in Pillow's bundled font (ddddocr's
+    captchas are mostly Chinese, which that font lacks; the detector finds these with scores 0.8-0.9)."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(6)
+    chars = string.ascii_letters + string.digits
+    out = []
+    for i, photo in enumerate(_crops(h, w, n, seed=1)):
+        img = Image.fromarray(np.clip(photo, 0, 255).astype(np.uint8))
+        draw = ImageDraw.Draw(img)
+        for _ in range(0 if i % 4 == 3 else int(rng.integers(3, 7))):
+            size = int(rng.integers(28, 64))
+            ink = tuple(int(v) for v in rng.uniform(0, 255, 3))
+            draw.text((int(rng.integers(0, w - size)), int(rng.integers(0, h - size))),
+                      chars[int(rng.integers(len(chars)))], fill=ink, font=ImageFont.load_default(size=size),
+                      stroke_width=int(rng.integers(0, 3)), stroke_fill=tuple(255 - c for c in ink))
+        out.append(np.asarray(img, np.float32))
+    return np.ascontiguousarray(np.stack(out).transpose(0, 3, 1, 2))
 
 
 def photo_gray_pm1(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
@@ -404,7 +424,7 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
     """The input array a recipe names (``name:arg:arg``); ``files`` holds zoo models a recipe runs."""
     name, *args = recipe.split(":")
     a = [int(v) for v in args]
-    if name in ("photo_rgb_imagenet", "photo_rgb_255", "photo_gray_pm1", "text_lines_rgb", "text_lines_gray",
+    if name in ("photo_rgb_imagenet", "captcha_rgb_255", "photo_gray_pm1", "text_lines_rgb", "text_lines_gray",
                 "text_pages_imagenet"):
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
