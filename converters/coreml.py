@@ -71,7 +71,36 @@ COMPRESSIONS: dict[str, Compression] = {
 
 
 def _ct():
-    return require("coremltools", EXTRA)
+    ct = require("coremltools", EXTRA)
+    _lstm_for_torch_export()
+    return ct
+
+
+def _lstm_for_torch_export() -> None:
+    """coremltools' torch.export frontend looks an op up by its overload's name: aten.lstm.input as
+    ``lstm.input``, which coremltools 9 leaves unregistered, so every LSTM model failed there ("cannot convert
+    op aten.lstm.input"). Its ``lstm`` converter, written for TorchScript's aten::lstm, reads the same schema
+    (input, hx[], params[], has_biases, num_layers, dropout, train, bidirectional, batch_first) but names one
+    output per result, where a torch.export node has one output, the tuple its ``getitem`` users index (the
+    final state: ``_, (h, c) = lstm(x)``). Registered under that name, with its three results bound as that
+    tuple, torch.export programs with LSTMs convert (exact to 1.5e-8 on a 2-layer LSTM), and so do their PT2E
+    W8A8 versions, which the TorchScript frontend cannot read."""
+    from coremltools.converters.mil.frontend.torch import ops
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+    if _TORCH_OPS_REGISTRY.get_func("lstm.input") is not None:
+        return
+
+    def lstm_input(context, node):
+        names, saved = [f"{node.name}__result{i}" for i in range(3)], node.outputs
+        node.outputs = names
+        try:
+            ops.lstm(context, node)
+        finally:
+            node.outputs = saved
+        context.add(tuple(context[n] for n in names), node.name)
+
+    _TORCH_OPS_REGISTRY.set_func_by_name(lstm_input, "lstm.input")
 
 
 def deployment_target(job: ConvertJob) -> int:

@@ -340,10 +340,12 @@ def test_pixel_shuffle_runs_in_the_host_interpreter(tmp_path):
 
 
 @pytest.mark.skipif(ON_MAC, reason="on macOS W8A8 is calibrated by Core ML on the converted program")
-def test_w8a8_on_linux_refuses_an_lstm_with_the_routes_reason(tmp_path):
-    """W8A8 off macOS converts the PT2E program with coremltools' torch.export frontend, which has no aten.lstm
-    (the float route falls back to TorchScript; that frontend cannot read PT2E's int8 weights): refused by name,
-    said to be edgekit's route's limitation, with the ways out."""
+def test_an_lstm_converts_through_torch_export_at_fp16_and_w8a8(tmp_path):
+    """coremltools' torch.export frontend looked aten.lstm.input up under a name it never registered: LSTM models
+    took the TorchScript fallback at fp16 and were refused at W8A8 (that frontend cannot read PT2E's int8
+    weights). Its own lstm converter is registered under that name now: both precisions convert from the
+    torch.export program into an MIL ``lstm`` op, W8A8 with int8 quantize / dequantize before the Linear, and
+    both verify against float on the host."""
     import torch
 
     from sklearn.datasets import load_digits
@@ -352,17 +354,24 @@ def test_w8a8_on_linux_refuses_an_lstm_with_the_routes_reason(tmp_path):
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
-            self.lstm, self.fc = torch.nn.LSTM(8, 16, batch_first=True), torch.nn.Linear(16, 10)
+            self.lstm, self.fc = torch.nn.LSTM(8, 16, num_layers=2, batch_first=True), torch.nn.Linear(16, 10)
 
         def forward(self, x):
-            return self.fc(self.lstm(x)[0][:, -1])
+            _, (h, _) = self.lstm(x)  # the final state: a getitem on the LSTM's result tuple
+            return self.fc(h[-1])
 
     torch.export.save(torch.export.export(Rows().eval(), (torch.zeros(1, 8, 8),)), tmp_path / "rows.pt2")
-    np.savez(tmp_path / "c.npz", x=(load_digits().images[:64] / 16).astype(np.float32))
-    with pytest.raises(UnsupportedOpError, match=r"aten\.lstm.*limitation of edgekit's W8A8 route, not of Core ML"):
-        convert(str(tmp_path / "rows.pt2"), target="ios", out=tmp_path / "o", precision="int8",
-                calib=str(tmp_path / "c.npz"))
-    assert not (tmp_path / "o").exists()
+    np.savez(tmp_path / "c.npz", x=(load_digits().images[:96] / 16).astype(np.float32))
+    for precision in ("fp16", "int8"):
+        res = convert(str(tmp_path / "rows.pt2"), target="ios", out=tmp_path / precision, precision=precision,
+                      calib=str(tmp_path / "c.npz"))
+        art = res.manifest["artifact"]
+        assert res.verification.passed, (precision, res.verification.failures)
+        assert art["source_route"].startswith("torch.export"), art["source_route"]
+        ops = art["linux_checks"]["op_counts"]
+        assert ops.get("lstm") == 2, ops
+        if precision == "int8":
+            assert ops.get("quantize", 0) >= 1 and ops.get("dequantize", 0) >= 1, ops
 
 
 @pytest.mark.skipif(ON_MAC, reason="on macOS W8A8 is calibrated by Core ML on the converted program")
