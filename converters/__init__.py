@@ -45,10 +45,11 @@ class _Options(BaseModel):
 
 class TensorRTOptions(_Options):
     keep_float_nodes: list[str] = Field(default_factory=list, description="ONNX node names kept out of INT8")
-    calibration: Literal["auto", "minmax", "percentile", "percentile-99.99", "entropy"] = Field(
+    calibration: Literal["auto", "minmax", "percentile", "percentile-99.99", "entropy", "mse"] = Field(
         "auto", description="INT8 activation ranges: auto (each method is tried and the one whose model is closest "
         "to float on calibration samples wins), minmax (the observed range), percentile (clips |x| at the 99.999th "
-        "percentile), percentile-99.99, or entropy (KL-optimal threshold, 2048 bins)")
+        "percentile), percentile-99.99, entropy (KL-optimal threshold, 2048 bins) or mse (the range of least "
+        "rounding + clipping error over the histogram)")
     qdq: Literal["tensorrt", "all"] = Field(
         "tensorrt", description="INT8 Q/DQ placement: tensorrt (TensorRT's guidance, as NVIDIA ModelOpt: the inputs of "
         "convolutions, GEMM/MatMul and average pooling; the rest runs fp16) or all (onnxruntime's default: every op "

@@ -6,7 +6,7 @@ fp16   weights stored as fp16 (onnxruntime's float16 converter), fp32 I/O kept; 
 int8   onnxruntime.quantization ``quantize_static`` in QDQ format: symmetric INT8,
        per-channel weights, activation ranges calibrated on the calibration set by the
        method that measures best on this model (``calibration=auto``: min-max, percentile
-       99.999 / 99.99 and entropy with TensorRT's bin settings, each model's output SNR
+       99.999 / 99.99, entropy with TensorRT's bin settings and MSE, each model's output SNR
        against float on calibration samples), or the one given. Where the build fails
        verification, mixed precision (edgekit.mixed) leaves the fewest sensitive nodes out of
        Q/DQ. TensorRT reads the Q/DQ pairs directly (explicit quantization), so no
@@ -92,10 +92,11 @@ class TensorRTConverter:
         if asked == "auto":  # each method's model against the float one on calibration samples: the best wins
             search = search_feeds(job)
             ref = _run(pre, search)
+            histograms: dict = {}  # one |x| histogram collection for the methods that read it
             for name in CALIBRATIONS:
                 cand = job.work_dir / f"int8-{name}.onnx"
                 with job.substep(f"calibration ({name})"):
-                    ranges = _ranges(job, pre, feeds, name)
+                    ranges = _ranges(job, pre, feeds, name, histograms)
                 _qdq(pre, cand, ranges, name, excluded, placement)
                 measured[name] = round(output_snr_db(ref, _run(cand, search)), 2)
             chosen = max(measured, key=lambda k: measured[k])
@@ -269,6 +270,9 @@ CALIBRATIONS: dict[str, tuple[str, dict]] = {
     "percentile": ("Percentile", {"percentile": 99.999, "num_bins": 2048}),
     "percentile-99.99": ("Percentile", {"percentile": 99.99, "num_bins": 2048}),
     "entropy": ("Entropy", {"num_bins": 2048, "num_quantized_bins": 128}),
+    # the range whose int8 rounding + clipping error over the histogram is least (pytorch-quantization's "mse",
+    # PT2E's HistogramObserver): onnxruntime collects the |x| histogram, edgekit's _mse_thresholds picks the range
+    "mse": ("Percentile", {"num_bins": 2048}),
 }
 WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # ``--option qdq=``: where the Q/DQ pairs go.
@@ -315,12 +319,44 @@ def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     return run_all(load_firmware("tensorrt").OnnxRuntimeModel(str(path)), feeds)
 
 
-def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str) -> Path:
+def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histograms: dict | None = None) -> Path:
     """Activation ranges of ``pre`` by calibration method ``name`` with its settings, computed once per build
-    (cached in the work folder as onnxruntime's calibration cache)."""
+    (cached in the work folder as onnxruntime's calibration cache). ``histograms``: a dict kept by the caller
+    across methods, where the |x| histograms collected once serve every method that reads them (percentile,
+    percentile-99.99, mse: 2048 bins each), instead of one calibration pass per method."""
     cache = job.work_dir / f"ranges-{name}.json"
     if cache.is_file():
         return cache
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
+
+    method, settings = CALIBRATIONS[name]
+
+    class Reader:
+        def __init__(self) -> None:
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    shared = method == "Percentile" and histograms is not None
+    with contextlib.redirect_stdout(io.StringIO()):
+        cal = histograms.get("percentile") if shared else None
+        if cal is None:
+            cal = create_calibrator(pre, None, augmented_model_path=str(job.work_dir / f"augmented-{name}.onnx"),
+                                    calibrate_method=getattr(CalibrationMethod, method),
+                                    extra_options={"symmetric": True, **settings})
+            cal.collect_data(Reader())
+            if shared:
+                histograms["percentile"] = cal
+        if method == "Percentile":
+            collector = cal.collector
+            if name == "mse":  # the percentile calibrator's |x| histograms, edgekit's threshold rule
+                collector.compute_percentile = lambda: _mse_thresholds(collector.histogram_dict)
+            else:
+                collector.percentile = settings["percentile"]
+                collector.compute_percentile = type(collector).compute_percentile.__get__(collector)
+        save_tensors_data(cal.compute_data(), cache)
+    return cache
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
 
     method, settings = CALIBRATIONS[name]
@@ -337,8 +373,31 @@ def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str) -> Path:
                                 calibrate_method=getattr(CalibrationMethod, method),
                                 extra_options={"symmetric": True, **settings})
         cal.collect_data(Reader())
+        if name == "mse":  # the percentile calibrator's |x| histograms, our threshold rule
+            cal.collector.compute_percentile = lambda: _mse_thresholds(cal.collector.histogram_dict)
         save_tensors_data(cal.compute_data(), cache)
     return cache
+
+
+def _mse_thresholds(histograms: dict, levels: int = 127, candidates: int = 256) -> dict:
+    """Per tensor, the symmetric int8 range ``±t`` that minimises the squared error of quantizing the values of
+    its |x| histogram (each bin at its centre: rounding inside the range, clipping beyond it), over ``candidates``
+    thresholds from 1/candidates of the largest |x| to all of it. onnxruntime's percentile collector's histograms
+    in, its compute_percentile's result format out: {tensor: (-t, t, hist, edges)}."""
+    out = {}
+    for tensor, (hist, edges, lo, hi) in histograms.items():
+        h = np.asarray(hist, np.float64)
+        c = (np.asarray(edges[:-1], np.float64) + np.asarray(edges[1:], np.float64)) / 2
+        top = float(edges[-1])
+        if top <= 0 or h.sum() == 0:
+            t = np.array(top, dtype=edges.dtype)
+        else:
+            ts = top * np.arange(1, candidates + 1) / candidates
+            s = ts[:, None] / levels
+            err = ((np.minimum(np.round(c[None, :] / s), levels) * s - c[None, :]) ** 2 * h[None, :]).sum(axis=1)
+            t = np.array(ts[int(np.argmin(err))], dtype=edges.dtype)
+        out[tensor] = (-t, t, hist, edges)
+    return out
 
 
 def _qdq(pre: Path, dest: Path, ranges: Path, name: str, excluded: list[str], placement: str) -> None:
