@@ -45,6 +45,8 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, HostCannotError, ProfileError, UnsupportedOpError
+from edgekit.mixed import Layer, Search, keep_layers, search_feeds
+from edgekit.mixed import db as mixed_db
 
 PRIMARY = "model.mlpackage"
 EXTRA = "ios"
@@ -176,7 +178,8 @@ class CoreMLConverter:
         dest = job.out_dir / PRIMARY
         mlmodel.save(str(dest))
         checks = linux_checks(job, dest, comp, threshold, mixed=bool(kept_fp32),
-                              consumers=W8A8_CONSUMERS if w8a8_torch is not None else None)
+                              consumers=W8A8_CONSUMERS if w8a8_torch is not None else None,
+                              kept_layers=len(w8a8_torch["kept"]) if w8a8_torch is not None else 0)
         w = checks["weights"]
         job.log(f"package: weight.bin {w['measured_bytes']:,} B ({w['expected_bytes']:,} B of {job.precision} weights "
                 f"and biases, + headers), {sum(checks['op_counts'].values())} MIL ops")
@@ -227,7 +230,7 @@ class CoreMLConverter:
                     "tool": "PT2E (torchao prepare_pt2e / convert_pt2e), then coremltools: iOS 17 quantize / "
                             "dequantize ops and int8 weight constants",
                     "placement": "inputs and weights of conv / linear / matmul (every other op fp16)",
-                    "layers_quantized": w8a8_torch["layers"],
+                    "layers_quantized": w8a8_torch["layers"], "nodes_kept_float": w8a8_torch["kept"],
                     "weights": "int8 symmetric per-channel", "activations": "int8 per-tensor affine",
                     "calibration_method": w8a8_torch["observer"],
                     "calibration_chosen": "by measurement (output SNR dB against float)"
@@ -262,10 +265,15 @@ class CoreMLConverter:
         module = TFLITE._exported(job, TFLITE._module(job), sample)
         _comparisons_as_coreml_reads_them(module)
         # the PT2E steps are android's (observer chosen by measuring, calibration), with Core ML's quantizer
-        chosen, measured = TFLITE._observer(job, module, sample, (), _w8a8_quantizer)
+        keep = tuple(job.options.get("keep_float_nodes") or ())
+
+        def quantizer_for(observer: str) -> Any:
+            return _w8a8_quantizer(observer, keep)
+
+        chosen, measured = TFLITE._observer(job, module, sample, keep, quantizer_for)
         with job.substep("calibration"):
-            converted, q, n_batches = TFLITE._calibrated(job, module, sample, False, chosen, (),
-                                                         quantizer_for=_w8a8_quantizer, fold=True)
+            converted, q, n_batches = TFLITE._calibrated(job, module, sample, False, chosen, keep,
+                                                         quantizer_for=quantizer_for, fold=True)
         layers = q.layers
         if not layers:
             raise UnsupportedOpError(f"{m.source}: precision int8 (W8A8) quantizes conv / linear / matmul inputs and "
@@ -273,7 +281,46 @@ class CoreMLConverter:
         job.log(f"W8A8 (PT2E in torch): {layers} conv/linear/matmul layer(s) int8, observer {chosen}, "
                 f"{n_batches} batches")
         return {"module": converted, "sample": sample, "observer": chosen, "measured_snr_db": measured,
-                "batches": n_batches, "layers": layers}
+                "batches": n_batches, "layers": layers, "kept": list(keep)}
+
+    # ---------------------------------------------------------------- mixed precision (edgekit.mixed)
+
+    @staticmethod
+    def mixed_unavailable(job: ConvertJob) -> str | None:
+        if sys.platform == "darwin":
+            return ("on macOS W8A8 is calibrated by Core ML (linear_quantize_activations), which keeps no chosen "
+                    "layer in fp16; pass --tolerance to accept this agreement")
+        return None
+
+    def mixed_search(self, job: ConvertJob, artifact: Artifact) -> Search:
+        """The conv / linear / matmul layers a W8A8 build may leave in fp16 (no quantize / dequantize on their
+        input, fp16 weights), ranked by the SQNR of their int8 input; the search runs PT2E's fake-quant program
+        in torch (fp32 elsewhere: the real re-verification runs the converted package)."""
+        torch = require("torch")
+        from edgekit.converters.tflite import CONVERTER as TFLITE
+        from edgekit.converters.tflite import SEARCH_CALIB, _torch_run
+
+        m = job.model
+        sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+        module = TFLITE._exported(job, TFLITE._module(job), sample)
+        _comparisons_as_coreml_reads_them(module)
+        method = artifact.meta["quantization"]["calibration_method"]
+        base = tuple(job.options.get("keep_float_nodes") or ())
+        search = search_feeds(job)
+
+        def fake_quant(keep: tuple[str, ...]):
+            return TFLITE._calibrated(job, module, sample, False, method, keep, SEARCH_CALIB,
+                                      lambda observer: _w8a8_quantizer(observer, keep))[0]
+
+        layers = _w8a8_layers(fake_quant(base), search[:8], m)
+        ref = _torch_run(module, search, m)
+
+        def outputs(kept: list[str]) -> list[np.ndarray]:
+            return _torch_run(fake_quant(base + tuple(kept)), search, m)
+
+        return Search(layers, outputs, ref, "fp16 (no int8 quantize / dequantize on its input; fp16 weights)")
+
+    keep_layers = keep_layers  # the W8A8 build again with the kept fx nodes fp16 (edgekit.mixed)
 
     def _convert_torch(self, job: ConvertJob, ct, ios: int, force_fp32: bool = False,
                        quantized: dict[str, Any] | None = None, precision: Any = None):
@@ -790,11 +837,12 @@ def _comparisons_as_coreml_reads_them(gm: Any) -> int:
     return n
 
 
-def _w8a8_quantizer(observer: str) -> Any:
+def _w8a8_quantizer(observer: str, keep: tuple[str, ...] = ()) -> Any:
     """A PT2E quantizer for Core ML W8A8: the inputs of conv / linear / matmul int8 per tensor (observer
     ``histogram`` or ``minmax``) and their weights int8 symmetric per channel; no other op is annotated, so it
     stays fp16 in the ML program (the Neural Engine computes elementwise ops, pools and concats in fp16; as
-    TensorRT's Q/DQ placement does). The specs are litert-torch's symmetric config (the android extra)."""
+    TensorRT's Q/DQ placement does). The specs are litert-torch's symmetric config (the android extra). The fx
+    nodes named in ``keep`` are left unannotated: fp16 (mixed precision)."""
     import dataclasses
 
     torch = require("torch")
@@ -817,7 +865,7 @@ def _w8a8_quantizer(observer: str) -> Any:
 
         def annotate(self, model):
             for n in model.graph.nodes:
-                if n.op != "call_function" or n.target not in weighted | batched:
+                if n.op != "call_function" or n.target not in weighted | batched or n.name in keep:
                     continue
                 ins = [x for x in n.args[:2] if isinstance(x, torch.fx.Node)]
                 if len(ins) < 2:
@@ -831,6 +879,46 @@ def _w8a8_quantizer(observer: str) -> Any:
             return None
 
     return CoreMLW8A8Quantizer()
+
+
+def _w8a8_layers(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any) -> list[Layer]:
+    """Each conv / linear / matmul of a W8A8 fake-quant program with the SQNR of its int8 input (the tensor
+    before and after its quantize / dequantize, on the same runs): the cheap ranking of the mixed search."""
+    torch = require("torch")
+    seen: dict[str, list[tuple]] = {}
+
+    class Rec(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            if n.op == "call_function" and "quantize_per_tensor" in str(n.target) and "dequantize" not in str(
+                    n.target) and isinstance(n.args[0], torch.fx.Node):
+                x, scale, zp, lo, hi = (self.env[n.args[0]], *[self.env[a] if isinstance(a, torch.fx.Node) else a
+                                                                 for a in n.args[1:5]])
+                deq = (torch.clamp(torch.round(x / scale) + zp, lo, hi) - zp) * scale
+                seen.setdefault(n.args[0].name, []).append((x.detach().numpy(), deq.detach().numpy()))
+            return out
+
+    with torch.no_grad():
+        for f in feeds:
+            Rec(converted).run(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
+
+    def producer(node: Any) -> Any:  # dequantize(quantize(x)) -> x
+        while isinstance(node, torch.fx.Node) and "quantize" in str(node.target) and node.args:
+            node = node.args[0]
+        return node
+
+    layers = []
+    for n in converted.graph.nodes:
+        if n.op != "call_function" or not any(k in str(n.target) for k in ("conv", "linear", "matmul", "bmm")):
+            continue
+        x = producer(n.args[0]) if n.args else None
+        if not isinstance(x, torch.fx.Node) or x.name not in seen or x is n.args[0]:
+            continue  # not quantized (kept, or not an annotated layer)
+        a = np.concatenate([u.ravel() for u, _ in seen[x.name]]).astype(np.float64)
+        d = np.concatenate([v.ravel() for _, v in seen[x.name]]).astype(np.float64)
+        layers.append(Layer(n.name, str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target),
+                            round(mixed_db(float(np.sum(a ** 2)), float(np.sum((a - d) ** 2))), 2)))
+    return layers
 
 
 def coreml_names(names: list[str]) -> dict[str, str]:
@@ -857,7 +945,7 @@ W8A8_CONSUMERS = frozenset({"conv", "linear", "matmul"})  # the ops whose weight
 
 
 def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, mixed: bool = False,
-                 consumers: frozenset[str] | None = None) -> dict[str, Any]:
+                 consumers: frozenset[str] | None = None, kept_layers: int = 0) -> dict[str, Any]:
     """Static checks of the saved package; raises ConversionError where it does not match the request."""
     from edgekit.converters import coreml_mil as cm
 
@@ -874,7 +962,7 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, 
         want = [{"name": rn[s.name], "shape": list(s.shape), "dtype": coreml_dtype(s.dtype)} for s in specs]
         if [(g["name"], g["shape"], g["dtype"]) for g in got] != [(w["name"], w["shape"], w["dtype"]) for w in want]:
             problems.append(f"{kind}s are {got}, the source model has {want}")
-    weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision, mixed, consumers)
+    weights = weight_bytes(raw, dense, pkg, comp, threshold, job.precision, mixed, consumers, kept_layers)
     problems += weights.pop("problems")
     if problems:
         raise ConversionError(f"{pkg.name} does not match the request: " + "; ".join(problems))
@@ -889,8 +977,9 @@ def linux_checks(job: ConvertJob, pkg: Path, comp: Compression, threshold: int, 
 
 
 def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, precision: str,
-                 mixed: bool = False, consumers: frozenset[str] | None = None) -> dict[str, Any]:
-    """Measured weight-file bytes against what the requested compression should take."""
+                 mixed: bool = False, consumers: frozenset[str] | None = None, kept_layers: int = 0) -> dict[str, Any]:
+    """Measured weight-file bytes against what the requested compression should take. ``kept_layers``: layers
+    a mixed-precision W8A8 build leaves fp16 on purpose; up to that many eligible weights may stay uncompressed."""
     from edgekit.converters import coreml_mil as cm
 
     elem_bytes = 4 if precision == "fp32" else 2
@@ -898,6 +987,10 @@ def weight_bytes(raw, dense, pkg: Path, comp: Compression, threshold: int, preci
     compressed = cm.compressed_weights(raw)
     eligible = [w for w in weights if int(np.prod(w[1])) >= threshold and (consumers is None or w[2] in consumers)
                 ] if comp.method else []
+    if kept_layers and eligible:  # the kept layers' weights are plain fp16 consts in the stored program
+        plain = {w[0] for w in cm.float_weights(raw) if consumers is None or w[2] in consumers}
+        if len([w for w in eligible if w[0] in plain]) <= kept_layers:
+            eligible = [w for w in eligible if w[0] not in plain]
     n_all = sum(int(np.prod(s)) for _, s, _ in weights)
     n_elig = sum(int(np.prod(s)) for _, s, _ in eligible)
     # every other float const (biases, small weights, ...) is stored at the compute precision

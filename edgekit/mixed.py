@@ -285,7 +285,9 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
                + "); the plain INT8 build stays failed")
         checked.verification.notes.append(msg)
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
-                                            "unbuildable": unbuildable, "passed_after": False}
+                                            "search_samples": int(len(search.reference[0])),
+                                            "layers": len(search.layers), "unbuildable": unbuildable,
+                                            "passed_after": False}
         return artifact, checked
     artifact, checked = built
     outcome.seconds += time.perf_counter() - t0
