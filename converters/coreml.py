@@ -275,7 +275,7 @@ class CoreMLConverter:
             converted, q, n_batches = TFLITE._calibrated(job, module, sample, False, chosen, keep,
                                                          quantizer_for=quantizer_for, fold=True)
         layers = q.layers
-        if not layers:
+        if not layers and not keep:  # every layer kept by mixed precision: built, and judged as not INT8
             raise UnsupportedOpError(f"{m.source}: precision int8 (W8A8) quantizes conv / linear / matmul inputs and "
                                      "weights, and this model has none: choose fp16")
         job.log(f"W8A8 (PT2E in torch): {layers} conv/linear/matmul layer(s) int8, observer {chosen}, "

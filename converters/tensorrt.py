@@ -19,6 +19,7 @@ timing cache); otherwise the bundle's ``build_engine.sh`` builds it on the board
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import io
 import shutil
@@ -327,7 +328,8 @@ def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histograms: dict
     cache = job.work_dir / f"ranges-{name}.json"
     if cache.is_file():
         return cache
-    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, TensorsData, create_calibrator,
+                                                    save_tensors_data)
 
     method, settings = CALIBRATIONS[name]
 
@@ -340,42 +342,28 @@ def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histograms: dict
 
     shared = method == "Percentile" and histograms is not None
     with contextlib.redirect_stdout(io.StringIO()):
-        cal = histograms.get("percentile") if shared else None
-        if cal is None:
+        collector = histograms.get("percentile") if shared else None
+        if collector is None:
             cal = create_calibrator(pre, None, augmented_model_path=str(job.work_dir / f"augmented-{name}.onnx"),
                                     calibrate_method=getattr(CalibrationMethod, method),
                                     extra_options={"symmetric": True, **settings})
             cal.collect_data(Reader())
-            if shared:
-                histograms["percentile"] = cal
-        if method == "Percentile":
+            if method != "Percentile":
+                save_tensors_data(cal.compute_data(), cache)
+                return cache
+            # only the histograms are kept for the other methods: a kept calibrator (its session of the
+            # all-outputs model) doubled ppocr-rec's peak memory to the machine's 24 GB at the next collection
             collector = cal.collector
-            if name == "mse":  # the percentile calibrator's |x| histograms, edgekit's threshold rule
-                collector.compute_percentile = lambda: _mse_thresholds(collector.histogram_dict)
-            else:
-                collector.percentile = settings["percentile"]
-                collector.compute_percentile = type(collector).compute_percentile.__get__(collector)
-        save_tensors_data(cal.compute_data(), cache)
-    return cache
-    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator, save_tensors_data
-
-    method, settings = CALIBRATIONS[name]
-
-    class Reader:
-        def __init__(self) -> None:
-            self.it = iter(feeds)
-
-        def get_next(self):
-            return next(self.it, None)
-
-    with contextlib.redirect_stdout(io.StringIO()):
-        cal = create_calibrator(pre, None, augmented_model_path=str(job.work_dir / f"augmented-{name}.onnx"),
-                                calibrate_method=getattr(CalibrationMethod, method),
-                                extra_options={"symmetric": True, **settings})
-        cal.collect_data(Reader())
-        if name == "mse":  # the percentile calibrator's |x| histograms, our threshold rule
-            cal.collector.compute_percentile = lambda: _mse_thresholds(cal.collector.histogram_dict)
-        save_tensors_data(cal.compute_data(), cache)
+            del cal
+            gc.collect()
+            if shared:
+                histograms["percentile"] = collector
+        if name == "mse":  # the percentile collector's |x| histograms, edgekit's threshold rule
+            result = _mse_thresholds(collector.histogram_dict)
+        else:
+            collector.percentile = settings["percentile"]
+            result = collector.compute_percentile()
+        save_tensors_data(TensorsData(CalibrationMethod.Percentile, result), cache)
     return cache
 
 

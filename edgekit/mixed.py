@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.errors import ConversionError
+from edgekit.errors import ConversionError, UnsupportedOpError
 
 PLOT = "sensitivity.png"
 
@@ -260,7 +260,7 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     while True:
         try:
             rebuilt = conv.keep_layers(job, artifact, [k.name for k in outcome.kept])
-        except ConversionError as exc:
+        except (ConversionError, UnsupportedOpError) as exc:
             # the search measures kept layers in torch; the target's converter may not lower one kept float
             # (litert-torch: ppocr-cls' SE multiply kept float broke a broadcast): drop it and go on
             lay = outcome.kept.pop()  # the layer added last (the search's own set: its last one)

@@ -149,6 +149,25 @@ def photo_gray_pm1(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     return np.ascontiguousarray((x - 0.5) * 2.0, dtype=np.float32)
 
 
+def faces_gray_pm1(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """Faces for a facial-expression model, grayscale in [-1, 1], NHWC [N, h, w, 1] (fer's preprocessing): the 100
+    face crops of Labeled Faces in the Wild that scikit-image ships (``data.lfw_subset()``, 25 x 25, offline),
+    then mirrored copies of seeded random ones, each cropped to 85-100% of the face, up to ``n``. A mirror of a
+    held-out face may calibrate; no image is used twice."""
+    from skimage import data
+
+    faces = np.asarray(data.lfw_subset()[:100], np.float32)  # the first 100 are faces, the rest are not
+    rng = np.random.default_rng(5)
+    out = [_resize(f, h, w) for f in faces[:n]]
+    for i in rng.choice(len(faces), size=max(0, n - len(faces)), replace=n - len(faces) > len(faces)):
+        f = faces[i][:, ::-1]
+        k = int(round(f.shape[0] * rng.uniform(0.85, 1.0)))
+        y, x = rng.integers(0, f.shape[0] - k + 1), rng.integers(0, f.shape[1] - k + 1)
+        out.append(_resize(f[y:y + k, x:x + k], h, w))
+    x = np.clip(np.stack(out), 0.0, 1.0)[..., None]
+    return np.ascontiguousarray((x - 0.5) * 2.0, dtype=np.float32)
+
+
 def _flat_page() -> np.ndarray:
     """scikit-image's scanned page (191 x 384) with its uneven light flattened (divided by a wide blur of itself)."""
     from skimage import data, filters
@@ -424,8 +443,8 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
     """The input array a recipe names (``name:arg:arg``); ``files`` holds zoo models a recipe runs."""
     name, *args = recipe.split(":")
     a = [int(v) for v in args]
-    if name in ("photo_rgb_imagenet", "captcha_rgb_255", "photo_gray_pm1", "text_lines_rgb", "text_lines_gray",
-                "text_pages_imagenet"):
+    if name in ("photo_rgb_imagenet", "captcha_rgb_255", "photo_gray_pm1", "faces_gray_pm1", "text_lines_rgb",
+                "text_lines_gray", "text_pages_imagenet"):
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
         return globals()[name](a[0], cache)
