@@ -55,6 +55,11 @@ class TensorRTOptions(_Options):
         "convolutions, GEMM/MatMul and average pooling; the rest runs fp16) or all (onnxruntime's default: every op "
         "it quantizes, inputs and outputs)")
 
+    bias_correction: Literal["auto", "on", "off"] = Field(
+        "off", description="INT8: take the mean shift int8 puts in each quantized conv / GEMM output channel out of "
+        "its bias (measured on calibration data, layer by layer): off (default: on the zoo's classifiers it measured "
+        "no better, docs/finetune.md), auto (applied where the model gets closer to float on calibration samples) "
+        "or on")
     _names = field_validator("keep_float_nodes", mode="before")(lambda cls, v: _split_names(v))
 
 

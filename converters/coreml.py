@@ -564,6 +564,8 @@ MAX_FP32_OPS = 64  # more than this many ops in fp32 is not an fp16 program any 
 CHECK_SAMPLES = 16  # calibration samples the fp16 checks run on, at least (an LSTM's state drifts on some inputs only)
 CHECK_SAMPLES_MAX = 64  # ... and at most, for a small program (silero-vad's state drifts on windows 16 do not hold)
 CHECK_WORK = 1e7  # values one check pass may compute (samples x the program's activation values per sample)
+SCREEN_FACTOR = 4  # the fp16 checks screen this many times their samples (one pass each) and keep the worst: fp16's
+# error is not spread evenly (a near-tie in a softmax moves most), and 16 evenly spread samples missed ppocr-cls's
 
 
 def check_samples(fn) -> int:
@@ -592,6 +594,10 @@ def _feeds(job: ConvertJob, samples: int) -> list[dict[str, np.ndarray]]:
         rng = np.random.default_rng(0)
         feeds = [{s.name: rng.standard_normal(s.shape).astype(s.dtype) for s in job.model.inputs}]
     return [{rn[k]: v for k, v in f.items()} for f in feeds]
+
+
+def _batch(job: ConvertJob) -> int:
+    return max(1, job.model.inputs[0].shape[0] if job.model.inputs[0].shape else 1)
 
 
 def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> dict[int, str]:
@@ -633,7 +639,7 @@ def fp16_fits(job: ConvertJob, mlmodel) -> bool:
         interp = MILInterpreter(prog)
     except Exception:  # noqa: BLE001 - an op the host interpreter lacks: nothing to measure here
         return True
-    feeds = _feeds(job, check_samples(interp.fn))
+    feeds = _feeds(job, SCREEN_FACTOR * check_samples(interp.fn))
     peaks: dict[str, float] = {}
     unrounded = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
     if any(v > FP16_LIMIT for v in peaks.values()):
@@ -641,6 +647,16 @@ def fp16_fits(job: ConvertJob, mlmodel) -> bool:
     # judged against the float model, as verification judges the package: the fp16 program run without rounding
     # still has fp16 weights and its input casts, whose error alone moved ddddocr-det's boxes by half the tolerance
     return not _judge(job, _float_reference(job, feeds) or unrounded, [interp(f) for f in feeds])
+
+
+def _worst_first(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> list[int]:
+    """Feed indices ordered by how far ``got`` strays from ``ref`` (the largest error of any output, relative to
+    that output's range over all feeds), worst first."""
+    n_out = len(ref[0])
+    span = [max(float(np.ptp(np.concatenate([np.ravel(r[i]) for r in ref]))), 1e-12) for i in range(n_out)]
+    score = [max(float(np.max(np.abs(np.asarray(g[i], np.float64) - r[i]), initial=0.0)) / span[i]
+                 for i in range(n_out)) for r, g in zip(ref, got, strict=True)]
+    return sorted(range(len(ref)), key=lambda k: -score[k])
 
 
 def _peaks(job: ConvertJob, prog) -> dict[str, float] | None:
@@ -731,7 +747,8 @@ def _distances_from_inputs(fn, inputs: list[str]) -> dict[str, int]:
 
 def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
     """The ops of an fp32 program to keep fp32 in its fp16 version, each with the reason, measured on CHECK_SAMPLES
-    calibration batches (edgekit's MIL interpreter on the fp32 program):
+    calibration batches (edgekit's MIL interpreter on the fp32 program): the ones, of SCREEN_FACTOR times as many,
+    whose outputs move most with every op in fp16 (the search's half: the worst of them):
 
     1. ops whose values in or out reach a quarter of fp16's range (FP16_LIMIT): kept, all of them;
     2. then, where the simulated fp16 program (those ops fp32, every other op's inputs, weights and outputs
@@ -744,12 +761,18 @@ def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
 
     t0 = time.perf_counter()
     interp = MILInterpreter(m32._mil_program)
-    feeds = _feeds(job, check_samples(interp.fn))
+    n = check_samples(interp.fn)
+    feeds = _feeds(job, SCREEN_FACTOR * n)
     peaks: dict[str, float] = {}
     ref = [[o.numpy() for o in interp._run(f, True, peaks, None)] for f in feeds]
     keep = _beyond_fp16(peaks)
     float_ops = {op.name for op in interp.fn.operations if op.op_type != "const"}
-    passes = [0]
+    passes = [len(feeds)]
+    if len(feeds) > n:  # screened: every op fp16 once on each feed, and the search measures the worst ones
+        half = float_ops - set(keep)
+        passes[0] += len(feeds)
+        order = _worst_first(job, ref, [interp(f, half=half) for f in feeds])[:max(1, n // _batch(job))]
+        feeds, ref = [feeds[k] for k in order], [ref[k] for k in order]
 
     def fails(names, n: int = len(feeds) // 2) -> dict[int, str]:  # the search runs on half the samples
         passes[0] += len(feeds[:n])

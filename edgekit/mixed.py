@@ -325,9 +325,14 @@ def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str]) -> Any:
     saved = job.options
     user = [n for n in (saved.get("keep_float_nodes") or []) if n not in kept]
     job.options = {**saved, "keep_float_nodes": user + kept, "calibration": first["calibration_method"]}
+    bias = first.get("bias_correction")
+    if bias:  # as the first build decided (measured there): off is not measured again on every rebuild
+        job.options["bias_correction"] = "on" if bias.get("applied") else "off"
     try:
         again = conv.convert(job)
     finally:
         job.options = saved
     again.meta["quantization"].update({k: first[k] for k in ("calibration_chosen", "calibration_measured_snr_db")})
+    if bias and "chosen" in bias:
+        again.meta["quantization"]["bias_correction"]["chosen"] = bias["chosen"]
     return again

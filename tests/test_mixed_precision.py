@@ -229,3 +229,61 @@ def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp
     assert tried == [["a", "d"], ["a"]] and chk.verification.passed and art.meta["kept"] == ["a"]
     assert art.meta["mixed_precision"]["unbuildable"] == ["d (litert-torch could not convert the model "
                                                           "(RuntimeError: broadcast))"]
+
+
+def _depthwise_pt2(tmp_path):
+    """A depthwise 3x3 convolution whose channels each hold one large weight: per-channel int8 then rounds the small
+    weights coarsely, and on inputs with a non-zero mean that rounding shifts each output channel's mean."""
+    import numpy as np
+    import torch
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+    with torch.no_grad():
+        w = torch.rand(8, 1, 3, 3) * 0.02 + 0.0031
+        w[:, 0, 0, 0] = 1.0
+        conv.weight.copy_(w)
+        conv.bias.zero_()
+    net = torch.nn.Sequential(conv).eval()
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, x):
+            return self.net(x)
+
+    model = Net().eval()
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0.2, 1.0, (96, 8, 16, 16)).astype(np.float32)
+    ep = torch.export.export(model, (torch.from_numpy(x[:1]),))
+    torch.export.save(ep, str(tmp_path / "dw.pt2"))
+    np.savez(tmp_path / "calib.npz", x=x)
+    return model, x
+
+
+def test_jetson_bias_correction_takes_the_int8_shift_out_of_each_channel(tmp_path):
+    """--option bias_correction: the mean shift int8 puts in each output channel is measured on calibration data
+    and taken out of the conv's bias; the manifest records it. The INT8 model's per-channel mean error against the
+    float model falls (checked here with onnxruntime against torch, on the calibration inputs)."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    model, x = _depthwise_pt2(tmp_path)
+    with torch.no_grad():
+        ref = model(torch.from_numpy(x)).numpy()
+    shift = {}
+    for bc in ("off", "on"):
+        res = convert(str(tmp_path / "dw.pt2"), target="jetson", precision="int8", calib=str(tmp_path / "calib.npz"),
+                      out=tmp_path / bc, options={"bias_correction": bc, "calibration": "minmax"}, strict=True,
+                      fail_on_verification=False)
+        rec = res.manifest["artifact"]["quantization"]["bias_correction"]
+        assert rec["applied"] is (bc == "on")
+        sess = ort.InferenceSession(str(res.out_dir / "model.onnx"), providers=["CPUExecutionProvider"])
+        got = np.concatenate([sess.run(None, {sess.get_inputs()[0].name: x[i:i + 1]})[0] for i in range(len(x))])
+        shift[bc] = np.abs((got - ref).mean(axis=(0, 2, 3)))
+    assert rec["layers"] == 1 and rec["snr_db_after"] > rec["snr_db_before"]
+    assert shift["off"].max() > 1e-3, shift  # the model shows the shift the correction is for
+    assert shift["on"].max() < 0.2 * shift["off"].max(), shift

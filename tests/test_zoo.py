@@ -58,10 +58,12 @@ def test_float_builds_pass_and_report_agreement(results):
                         for t, p in (("jetson", "fp32"), ("android", "fp32"), ("ios", "fp16"))]:
         c = cells[(model, t, p)]
         if (model, t) == ("ppocr-cls", "ios"):
-            # on single text lines a few of the orientation classifier's decisions are near-ties (0.498 / 0.502):
-            # fp16 moves them; the cell says so, and keeps >= 97% agreement on the held-out lines
-            assert c["status"] == "pass" or "near-ties" in c["reason"], c.get("reason")
-            assert next(iter(c["eval_agreement"].values()))["top1_agreement"] >= 0.97
+            # on single text lines a few of the orientation classifier's decisions are near-ties (0.498 / 0.502),
+            # where fp16 moves the probability most: 16 evenly spread check samples held none, fp16 everywhere
+            # passed the check and failed verification (1.08% against 1%, 2 near-ties flipped). The check screens
+            # 4x the samples and searches on the worst: its first convolutions stay fp32 and the build passes
+            assert c["status"] == "pass", c.get("reason")
+            assert next(iter(c["eval_agreement"].values()))["top1_agreement"] >= 0.99
             continue
         # silero-vad ios fp16: its power spectrum is beyond fp16's range (it came out Inf/NaN), and its STFT
         # front end moves the LSTM state on windows 16 check samples do not hold: the fp16 search (64 samples
