@@ -10,9 +10,10 @@ the time each build took, for
                           (c) on the fine-tuned weights (torch models, and ONNX through the onnx2torch bridge)
 
 on the digits example, the MobileNetV2-shaped net (bench/android_nets.py, trained on digits), the digits
-network with an INT8-fragile head (tests/support/plan_nets.py) and the zoo's image classifier (ppocr-cls; its
-text lines have no labels: agreement with float only). Every build is a real pipeline run (edgekit.pipeline
-.convert: export, quantize, verify on held-out samples); accuracy and agreement are on the eval samples.
+network with an INT8-fragile head (tests/support/plan_nets.py) and the zoo's image classifiers (ppocr-cls and
+fer-keras; text lines and LFW faces have no labels: agreement with float only; fer-keras is a Keras model, which
+finetune cannot train). Every build is a real pipeline run (edgekit.pipeline.convert: export, quantize, verify on
+held-out samples); accuracy and agreement are on the eval samples.
 
     python bench/accuracy.py [--targets jetson android] [--models digits mbv2 fragile ppocr-cls] [--json FILE]
 """
@@ -117,7 +118,7 @@ def cell(r: dict, kept: bool = False) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--targets", nargs="+", default=["jetson", "android"])
-    ap.add_argument("--models", nargs="+", default=["digits", "fragile", "mbv2", "ppocr-cls"])
+    ap.add_argument("--models", nargs="+", default=["digits", "fragile", "mbv2", "ppocr-cls", "fer-keras"])
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-finetune", dest="finetune", action="store_false", help="skip column (d)")
     args = ap.parse_args()
