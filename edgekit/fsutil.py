@@ -164,35 +164,43 @@ def work_dir(prefix: str = "edgekit-", parent: str | Path | None = None) -> Iter
     turns those into exceptions); after a SIGKILL the next run's :func:`sweep_stale` removes it."""
     parent = Path(parent or tempfile.gettempdir())
     sweep_stale(parent, "edgekit-")  # every kind of edgekit work folder (bundle, plan, calib ...) a killed run left
-    path, fd, lock = _new_locked(parent, prefix)
+    made: dict = {}
     try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-        _release(fd, lock)
+        _new_locked(parent, prefix, made)
+        yield made["path"]
+    finally:  # also when a signal lands while the folder is being made
+        _unmake(made)
 
 
-def _new_locked(parent: Path, prefix: str) -> tuple[Path, int, Path]:
-    """A new empty folder ``parent/<prefix><random>`` with its held lock file beside it."""
+def _new_locked(parent: Path, prefix: str, made: dict) -> None:
+    """A new empty folder ``parent/<prefix><random>`` with its held lock file beside it, recorded in ``made``
+    (``fd`` and ``lock`` as soon as the lock is held, ``path`` as soon as the folder exists), so that a caller's
+    cleanup finds them even when a signal's exception lands between two steps here."""
     import secrets
 
     for _ in range(100):
         path = parent / f"{prefix}{secrets.token_hex(4)}"
         lock = path.with_name(path.name + LOCK_SUFFIX)
         try:
-            fd = _hold_lock(lock)
+            made["fd"], made["lock"] = _hold_lock(lock), lock
         except FileExistsError:
             continue
         try:
             path.mkdir(mode=0o755)
+            made["path"] = path
         except FileExistsError:
-            _release(fd, lock)
+            _release(made.pop("fd"), made.pop("lock"))
             continue
-        except BaseException:
-            _release(fd, lock)
-            raise
-        return path, fd, lock
+        return
     raise OutputError(f"cannot create a work folder in {parent}")  # pragma: no cover
+
+
+def _unmake(made: dict) -> None:
+    """Remove what :func:`_new_locked` made (the folder, then the lock)."""
+    if "path" in made:
+        shutil.rmtree(made["path"], ignore_errors=True)
+    if "fd" in made:
+        _release(made["fd"], made["lock"])
 
 
 # ---------------------------------------------------------------- outputs: replace only what edgekit wrote
@@ -260,24 +268,24 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
     """
     dest = Path(os.path.abspath(dest))
     check_replaceable(dest)
-    try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        prefix = f".{dest.name}.tmp-"
-        sweep_stale(dest.parent, prefix)
-        tmp, fd, lock = _new_locked(dest.parent, prefix)
-    except (FileExistsError, NotADirectoryError) as exc:
-        raise OutputError(f"cannot create {dest}: {exc.filename or dest.parent} is not a folder; "
-                          "choose another output folder with -o") from None
-    except PermissionError:
-        raise OutputError(f"cannot write in {dest.parent} (permission denied); choose another output folder with -o") from None
-    except OSError as exc:
-        raise OutputError(f"cannot write in {dest.parent} ({exc.strerror}); choose another output folder with -o") from None
+    made: dict = {}
     try:
         try:
-            yield tmp
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            prefix = f".{dest.name}.tmp-"
+            sweep_stale(dest.parent, prefix)
+            _new_locked(dest.parent, prefix, made)
+        except (FileExistsError, NotADirectoryError) as exc:
+            raise OutputError(f"cannot create {dest}: {exc.filename or dest.parent} is not a folder; "
+                              "choose another output folder with -o") from None
+        except PermissionError:
+            raise OutputError(f"cannot write in {dest.parent} (permission denied); choose another output folder "
+                              "with -o") from None
+        except OSError as exc:
+            raise OutputError(f"cannot write in {dest.parent} ({exc.strerror}); choose another output folder "
+                              "with -o") from None
+        tmp = made["path"]
+        yield tmp
         check_stop()
         check_replaceable(dest)  # again: something may have appeared in it while we worked
         old = None
@@ -285,10 +293,11 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
             old = tmp.with_name(tmp.name + ".old")
             os.replace(dest, old)
         os.replace(tmp, dest)
+        made.pop("path")  # it is dest now
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
-    finally:
-        _release(fd, lock)
+    finally:  # a failed or stopped run (a signal may land while the sibling is being made) leaves no sibling
+        _unmake(made)
 
 
 def file_mode() -> int:
