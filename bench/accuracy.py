@@ -15,7 +15,7 @@ fer-keras; text lines and LFW faces have no labels: agreement with float only; f
 finetune cannot train). Every build is a real pipeline run (edgekit.pipeline.convert: export, quantize, verify on
 held-out samples); accuracy and agreement are on the eval samples.
 
-    python bench/accuracy.py [--targets jetson android] [--models digits mbv2 fragile ppocr-cls] [--json FILE]
+    python bench/accuracy.py [--targets jetson android] [--models digits mbv2 fragile ppocr-cls fer-keras] [--json FILE]
 """
 
 from __future__ import annotations

@@ -586,7 +586,7 @@ def _feeds(job: ConvertJob, samples: int) -> list[dict[str, np.ndarray]]:
     """Calibration batches holding up to ``samples`` samples (else one batch of standard-normal inputs), keyed by Core ML names."""
     rn = coreml_names([s.name for s in job.model.inputs + job.model.outputs])
     if job.calib is not None:  # spread over the whole file (windows of one recording run from quiet to loud)
-        bs = max(1, job.model.inputs[0].shape[0] if job.model.inputs[0].shape else 1)
+        bs = _batch(job)
         n = len(job.calib)
         idx = np.unique(np.linspace(0, n - 1, min(n, max(bs, samples - samples % bs))).astype(int))
         feeds = list(job.calib.subset(idx).batches(job.model))
@@ -614,9 +614,8 @@ def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarr
         tight["min_snr_db"] += 6
     kinds = job.options.get("output_kinds") or {}
     failures = {}
-    bs = job.model.inputs[0].shape[0] if job.model.inputs[0].shape else 1
-    refs, axes = smoke.merge_batches(ref, bs)
-    gots = smoke.merge_batches(got, bs, axes)[0]
+    refs, axes = smoke.merge_batches(ref, _batch(job))
+    gots = smoke.merge_batches(got, _batch(job), axes)[0]
     for i, spec in enumerate(job.model.outputs):
         r, g = refs[i], gots[i]
         kind = kinds.get(spec.name) or smoke.infer_kind(r, len(job.model.outputs))
@@ -649,7 +648,7 @@ def fp16_fits(job: ConvertJob, mlmodel) -> bool:
     return not _judge(job, _float_reference(job, feeds) or unrounded, [interp(f) for f in feeds])
 
 
-def _worst_first(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> list[int]:
+def _worst_first(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> list[int]:
     """Feed indices ordered by how far ``got`` strays from ``ref`` (the largest error of any output, relative to
     that output's range over all feeds), worst first."""
     n_out = len(ref[0])
@@ -771,7 +770,7 @@ def fp16_keep(job: ConvertJob, m32) -> dict[str, str]:
     if len(feeds) > n:  # screened: every op fp16 once on each feed, and the search measures the worst ones
         half = float_ops - set(keep)
         passes[0] += len(feeds)
-        order = _worst_first(job, ref, [interp(f, half=half) for f in feeds])[:max(1, n // _batch(job))]
+        order = _worst_first(ref, [interp(f, half=half) for f in feeds])[:max(1, n // _batch(job))]
         feeds, ref = [feeds[k] for k in order], [ref[k] for k in order]
 
     def fails(names, n: int = len(feeds) // 2) -> dict[int, str]:  # the search runs on half the samples

@@ -144,15 +144,12 @@ class TensorRTConverter:
         graph order, each measured after the groups before it were corrected (NNCF's bias correction, on the
         ONNX graph). Depthwise convolutions with few weights per channel shift most. ``--option
         bias_correction=off`` (default), ``auto`` (applied if the output SNR on the search samples rises), ``on``."""
-        asked = str(job.options.get("bias_correction") or "off").lower()
-        if asked not in ("auto", "on", "off"):
-            raise ConversionError(f"--option bias_correction={asked}: choose auto, on or off")
+        asked = str(job.options.get("bias_correction") or "off").lower()  # auto / on / off: TensorRTOptions checks
         if asked == "off":
             return {"applied": False, "chosen": "by --option" if job.options.get("bias_correction") else "default"}
-        onnx = require("onnx", "jetson")
         cand = job.work_dir / "int8-bias-corrected.onnx"
         with job.substep("bias correction"):
-            layers = _correct_biases(pre, dest, cand, feeds)
+            layers, batches = _correct_biases(pre, dest, cand, feeds)
         if not layers:
             return {"applied": False, "layers": 0, "reason": "no quantized conv / gemm with a bias to correct"}
         search = search_feeds(job)
@@ -162,10 +159,10 @@ class TensorRTConverter:
         job.log(f"bias correction of {layers} layer(s): output SNR {before:.1f} -> {after:.1f} dB on the search "
                 f"samples: {'applied' if apply else 'not applied'}")
         if apply:
-            onnx.save(onnx.load(str(cand)), str(dest))
+            shutil.copyfile(cand, dest)
         return {"applied": apply, "chosen": "by --option" if asked == "on" else "by measurement (output SNR dB)",
                 "layers": layers, "snr_db_before": round(before, 2), "snr_db_after": round(after, 2),
-                "batches": _bias_batches(len(feeds), layers, _batch_values(feeds[0]))}
+                "batches": batches}
 
     def mixed_search(self, job: ConvertJob, artifact: Artifact) -> Search:
         """The layers an INT8 build may keep out of quantization (TensorRT then runs them in fp16/fp32, as
@@ -459,8 +456,9 @@ def _batch_values(feed: dict) -> int:
     return int(sum(np.asarray(v).size for v in feed.values()))
 
 
-def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> int:
-    """Write ``qdq`` with each quantized Conv / Gemm's bias corrected to ``dest``; returns how many were corrected.
+def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> tuple[int, int]:
+    """Write ``qdq`` with each quantized Conv / Gemm's bias corrected to ``dest``; returns how many were corrected
+    and on how many calibration batches.
     The correction of a layer is the mean, per output channel, of (int8 model - float model) at its output over
     ``feeds``, measured with every earlier group already corrected, and subtracted from its bias (a Conv without
     one gets one). Layers are taken in graph order, in at most BIAS_CORRECTION_GROUPS groups."""
@@ -487,11 +485,12 @@ def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> int:
         return n.op_type == "Conv"
 
     # the layer's output must exist in the float model under the same name, to be compared
-    float_names = {o for n in onnx.load(str(pre)).graph.node for o in n.output}
+    fp = onnx.load(str(pre))
+    float_names = {o for n in fp.graph.node for o in n.output}
     layers = [n for n in q.graph.node if n.op_type in ("Conv", "Gemm") and quantized_weight(n) and own_float_bias(n)
               and n.output[0] in float_names]
     if not layers:
-        return 0
+        return 0, 0
     k = _bias_batches(len(feeds), len(layers), _batch_values(feeds[0]))
     feeds = [feeds[i] for i in np.linspace(0, len(feeds) - 1, k).astype(int)] if k < len(feeds) else feeds
 
@@ -499,20 +498,20 @@ def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> int:
         m = onnx.ModelProto()
         m.CopyFrom(model)
         del m.graph.output[:]
-        m.graph.output.extend(helper.make_tensor_value_info(k, TensorProto.FLOAT, None) for k in names)
+        m.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names)
         so = ort.SessionOptions()
         so.log_severity_level = 3
         sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
         sums: dict[str, np.ndarray] = {}
         count: dict[str, int] = {}
         for f in feeds:
-            for k, o in zip(names, sess.run(names, f), strict=True):
+            for name, o in zip(names, sess.run(names, f), strict=True):
                 axes = tuple(a for a in range(o.ndim) if a != 1) if o.ndim > 2 else (0,)  # per channel
-                sums[k] = sums.get(k, 0) + o.astype(np.float64).sum(axis=axes)
-                count[k] = count.get(k, 0) + int(np.prod([o.shape[a] for a in axes]))
-        return {k: v / max(1, count[k]) for k, v in sums.items()}
+                sums[name] = sums.get(name, 0) + o.astype(np.float64).sum(axis=axes)
+                count[name] = count.get(name, 0) + int(np.prod([o.shape[a] for a in axes]))
+        return {name: v / max(1, count[name]) for name, v in sums.items()}
 
-    ref = means(onnx.load(str(pre)), [n.output[0] for n in layers])
+    ref = means(fp, [n.output[0] for n in layers])
     size = -(-len(layers) // BIAS_CORRECTION_GROUPS)
     done = 0
     for g in range(0, len(layers), size):
@@ -537,7 +536,7 @@ def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> int:
                 n.input.append(name)
             done += 1
     onnx.save(q, str(dest))
-    return done
+    return done, len(feeds)
 
 
 def _opset(proto) -> int:

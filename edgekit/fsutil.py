@@ -174,7 +174,7 @@ def work_dir(prefix: str = "edgekit-", parent: str | Path | None = None) -> Iter
 
 def _new_locked(parent: Path, prefix: str, made: dict) -> None:
     """A new empty folder ``parent/<prefix><random>`` with its held lock file beside it, recorded in ``made``
-    (``fd`` and ``lock`` as soon as the lock is held, ``path`` as soon as the folder exists), so that a caller's
+    (``fd`` and ``lock`` as soon as the lock is held, ``path`` just before the folder is made), so that a caller's
     cleanup finds them even when a signal's exception lands between two steps here."""
     import secrets
 
@@ -185,10 +185,11 @@ def _new_locked(parent: Path, prefix: str, made: dict) -> None:
             made["fd"], made["lock"] = _hold_lock(lock), lock
         except FileExistsError:
             continue
+        made["path"] = path  # before the mkdir: a signal landing right after it still finds it (the lock is ours)
         try:
             path.mkdir(mode=0o755)
-            made["path"] = path
-        except FileExistsError:
+        except FileExistsError:  # not ours: forget it before anything removes it
+            made.pop("path")
             _release(made.pop("fd"), made.pop("lock"))
             continue
         return

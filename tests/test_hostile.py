@@ -188,3 +188,25 @@ def test_payloads_are_real(tmp_path, name):
     argv = [sys.executable, "-m", "edgekit", "inspect", str(tmp_path / "m.pt2"), "--trust-pickle", "--json"]
     subprocess.run(argv, capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert marker.exists(), f"{name}: the payload did not run even with --trust-pickle"
+
+
+def test_a_signal_landing_as_the_staging_folder_is_made_leaves_nothing(tmp_path, monkeypatch):
+    """A SIGTERM turned into an exception right after the output's staging sibling was made (before any cleanup
+    could know of it) left ``.out.tmp-*`` behind: CI's sigterm_mid_convert case caught it once in three runs. The
+    mkdir here makes the folder, then raises as the signal handler would."""
+    from pathlib import Path
+
+    from edgekit import fsutil
+
+    real = Path.mkdir
+
+    def mkdir_then_signal(self, *a, **kw):
+        real(self, *a, **kw)
+        if ".out.tmp-" in self.name:
+            raise SystemExit(143)
+
+    monkeypatch.setattr(Path, "mkdir", mkdir_then_signal)
+    with pytest.raises(SystemExit):
+        with fsutil.atomic_dir(tmp_path / "out"):
+            pass
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
