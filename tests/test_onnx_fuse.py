@@ -1,0 +1,110 @@
+"""Exact rewrites before quantization (edgekit/onnx_fuse.py): HardSwish as paddle2onnx writes it becomes one
+HardSwish node, Mul/Add by a per-channel constant after a Conv / ConvTranspose is folded into its weights.
+Each graph is built here the way the exporter writes it; onnxruntime runs the file as given and as prepared
+(the same function), and the real PP-OCR cls model converts to a passing android INT8 build (tests/test_zoo.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+from edgekit.ingest import load_model
+
+IR = 9
+
+
+def _save(nodes, inits, path, x_shape, y_shape, opset=12):
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)],
+                          [numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = IR
+    onnx.checker.check_model(m)
+    onnx.save(m, str(path))
+    return path
+
+
+def _run(path, x):
+    s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return s.run(None, {"x": x})[0]
+
+
+def _ops(m):
+    return [n.op_type for n in onnx.load(str(m.onnx_path)).graph.node]
+
+
+def test_paddle_hardswish_and_affine_blocks_become_one_conv_and_one_hardswish(tmp_path):
+    rng = np.random.default_rng(0)
+    inits = {"w": rng.standard_normal((4, 3, 3, 3)), "b": rng.standard_normal(4), "a": [0.9],
+             "c": rng.standard_normal((1, 4, 1, 1)), "three": 3.0, "zero": 0.0, "six": 6.0, "sixth": 6.0,
+             "w2": rng.standard_normal((5, 4, 1, 1))}
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["a", "conv"], ["scaled"]),  # the constant first, as paddle2onnx writes it
+             helper.make_node("Add", ["scaled", "c"], ["t"]),
+             helper.make_node("Add", ["t", "three"], ["t3"]),
+             helper.make_node("Clip", ["t3", "zero", "six"], ["r6"]),
+             helper.make_node("Mul", ["t", "r6"], ["tr6"]),
+             helper.make_node("Div", ["tr6", "sixth"], ["hs"]),
+             helper.make_node("Conv", ["hs", "w2"], ["y"])]
+    p = _save(nodes, inits, tmp_path / "lcnet.onnx", [1, 3, 8, 8], [1, 5, 8, 8])
+    m = load_model(p)
+    ops = _ops(m)
+    assert ops.count("Conv") == 2 and ops.count("HardSwish") == 1, ops
+    assert not {"Mul", "Add", "Clip", "Div"} & set(ops), ops
+    steps = " ".join(m.onnx_prep.steps)
+    assert "1 HardSwish" in steps and "2 Mul/Add" in steps
+    x = rng.standard_normal((1, 3, 8, 8)).astype(np.float32) * 3
+    np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-5)
+
+
+def test_conv_transpose_with_groups_folds_per_output_channel(tmp_path):
+    rng = np.random.default_rng(1)
+    # ConvTranspose weight [in, out/group, k, k]: 2 groups of 2 in -> 3 out each: 6 output channels
+    inits = {"w": rng.standard_normal((4, 3, 2, 2)), "b": rng.standard_normal(6),
+             "s": rng.uniform(0.5, 2, (6, 1, 1)), "t": rng.standard_normal((6, 1, 1))}
+    nodes = [helper.make_node("ConvTranspose", ["x", "w", "b"], ["d"], strides=[2, 2], group=2),
+             helper.make_node("Mul", ["d", "s"], ["ds"]), helper.make_node("Add", ["ds", "t"], ["y"])]
+    p = _save(nodes, inits, tmp_path / "deconv.onnx", [1, 4, 5, 5], [1, 6, 10, 10])
+    m = load_model(p)
+    assert _ops(m) == ["ConvTranspose"]
+    x = rng.standard_normal((1, 4, 5, 5)).astype(np.float32)
+    np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-5)
+
+
+def test_what_is_not_exact_is_left_alone(tmp_path):
+    """A conv output read twice, a constant that varies along the width, a Clip that is not 0..6, and a
+    HardSigmoid with paddle's slope (0.2) are not rewritten, and the graph still computes the same thing."""
+    rng = np.random.default_rng(2)
+    inits = {"w": rng.standard_normal((4, 3, 1, 1)), "k": rng.standard_normal((1, 1, 1, 6)), "m": [2.0],
+             "three": 3.0, "zero": 0.0, "five": 5.0, "sixth": 1 / 6}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"]),
+             helper.make_node("Mul", ["conv", "m"], ["twice"]),
+             helper.make_node("Relu", ["conv"], ["r"]),  # a second reader of the conv output
+             helper.make_node("Mul", ["r", "k"], ["rk"]),  # one value per column, not per channel
+             helper.make_node("Add", ["rk", "three"], ["a3"]),
+             helper.make_node("Clip", ["a3", "zero", "five"], ["c5"]),  # not a HardSwish clip
+             helper.make_node("Mul", ["rk", "c5"], ["p"]),
+             helper.make_node("Mul", ["p", "sixth"], ["q"]),
+             helper.make_node("HardSigmoid", ["q"], ["hsig"], alpha=0.2, beta=0.5),
+             helper.make_node("Mul", ["q", "hsig"], ["g"]),
+             helper.make_node("Add", ["g", "twice"], ["y"])]
+    p = _save(nodes, inits, tmp_path / "keep.onnx", [1, 3, 4, 6], [1, 4, 4, 6])
+    m = load_model(p)
+    ops = _ops(m)
+    assert "HardSwish" not in ops and ops.count("Conv") == 1 and "HardSigmoid" in ops, ops
+    assert not any("HardSwish" in s or "folded into" in s for s in m.onnx_prep.steps)
+    x = rng.standard_normal((1, 3, 4, 6)).astype(np.float32) * 3
+    np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-5)
+
+
+def test_hardswish_from_hardsigmoid_is_fused(tmp_path):
+    """x * HardSigmoid(x; 1/6, 0.5) is HardSwish (torch's hardsigmoid slope)."""
+    nodes = [helper.make_node("HardSigmoid", ["x"], ["h"], alpha=1 / 6, beta=0.5),
+             helper.make_node("Mul", ["x", "h"], ["y"])]
+    p = _save(nodes, {}, tmp_path / "hs.onnx", [1, 8], [1, 8])
+    m = load_model(p)
+    assert _ops(m) == ["HardSwish"]
+    x = np.linspace(-5, 5, 8, dtype=np.float32)[None]
+    np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-6)
