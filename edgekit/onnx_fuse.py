@@ -40,7 +40,8 @@ def _const(inits: dict[str, Any], name: str) -> np.ndarray | None:
 
 def _scalar(inits, name: str, value: float, rtol: float = 1e-6) -> bool:
     c = _const(inits, name)
-    return c is not None and c.size == 1 and c.dtype.kind == "f" and abs(float(c.ravel()[0]) - value) <= rtol * abs(value)
+    return (c is not None and c.size == 1 and c.dtype.kind == "f"
+            and abs(float(c.ravel()[0]) - value) <= rtol * abs(value))
 
 
 def _other(n, name: str) -> str | None:
