@@ -440,6 +440,9 @@ _KERNELS: dict[str, Any] = {
     "silu": lambda torch, a: torch.nn.functional.silu(a["x"]),
     "gelu": _gelu,
     "leaky_relu": lambda torch, a: torch.nn.functional.leaky_relu(a["x"], float(a.get("alpha", 0.01))),
+    # coremltools writes torch's hardswish as thresholded_relu(x, -3) -> sigmoid_hard -> mul (MIL: x if x >= alpha)
+    "thresholded_relu": lambda torch, a: torch.where(a["x"] >= float(a.get("alpha", 1.0)), a["x"],
+                                                     torch.zeros_like(a["x"])),
     "sigmoid_hard": lambda torch, a: torch.clamp(float(a.get("alpha", 0.2)) * a["x"] + float(a.get("beta", 0.5)), 0, 1),
     "softmax": lambda torch, a: torch.softmax(a["x"], dim=int(a.get("axis", -1))),
     "add": lambda torch, a: a["x"] + a["y"],

@@ -108,3 +108,31 @@ def test_hardswish_from_hardsigmoid_is_fused(tmp_path):
     assert _ops(m) == ["HardSwish"]
     x = np.linspace(-5, 5, 8, dtype=np.float32)[None]
     np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-6)
+
+
+def test_fused_hardswish_verifies_on_ios_and_android(tmp_path):
+    """The fused graph converts: Core ML writes HardSwish as thresholded_relu -> sigmoid_hard -> mul, which the
+    host MIL interpreter runs (the zoo's ppocr-cls failed there before it had thresholded_relu); android INT8
+    has one HARD_SWISH op."""
+    from edgekit.pipeline import convert
+
+    rng = np.random.default_rng(3)
+    inits = {"w": rng.standard_normal((8, 3, 3, 3)) * 0.5, "a": [1.3], "three": 3.0, "zero": 0.0, "six": 6.0,
+             "sixth": 6.0, "w2": rng.standard_normal((4, 8, 1, 1)) * 0.3}
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
+             helper.make_node("Mul", ["conv", "a"], ["t"]),
+             helper.make_node("Add", ["t", "three"], ["t3"]),
+             helper.make_node("Clip", ["t3", "zero", "six"], ["r6"]),
+             helper.make_node("Mul", ["t", "r6"], ["tr6"]),
+             helper.make_node("Div", ["tr6", "sixth"], ["hs"]),
+             helper.make_node("Conv", ["hs", "w2"], ["y"])]
+    p = _save(nodes, inits, tmp_path / "hs.onnx", [1, 3, 8, 8], [1, 4, 8, 8])
+    calib = tmp_path / "calib.npz"
+    np.savez(calib, x=rng.standard_normal((64, 3, 8, 8)).astype(np.float32))
+    res = convert(str(p), target="ios", precision="fp16", out=tmp_path / "ios", cache=False,
+                  fail_on_verification=False)
+    assert res.verification.passed, res.verification.failures
+    res = convert(str(p), target="android", precision="int8", calib=str(calib), out=tmp_path / "android",
+                  cache=False, fail_on_verification=False, strict=True)
+    assert res.verification.passed, res.verification.failures
+    assert "HARD_SWISH" in str(res.manifest), "the int8 .tflite has one HARD_SWISH op"
