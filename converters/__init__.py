@@ -71,6 +71,10 @@ class TFLiteOptions(_Options):
     io: Literal["int8", "float"] = Field("int8", description="int8 builds: int8 or float32 input/output tensors")
     layout: Literal["nchw", "nhwc"] | None = Field(None, description="torch models: NHWC input (to_channel_last_io)")
     threads: int = Field(2, ge=1, le=256, description="host interpreter threads for verification")
+    keras: Literal["tflite", "onnx"] = Field(
+        "tflite", description="Keras / SavedModel input: tflite (TensorFlow's TFLiteConverter quantizes the whole "
+        "model) or onnx (tf2onnx, then the PT2E path of ONNX and torch input: INT8 mixed precision can keep "
+        "chosen layers float there)")
     _names = field_validator("keep_float_nodes", mode="before")(lambda cls, v: _split_names(v))
 
 

@@ -552,8 +552,8 @@ class TFLiteConverter:
     def mixed_unavailable(job: ConvertJob) -> str | None:
         if job.model.is_tf:
             return ("Keras / SavedModel input is quantized whole by TensorFlow's TFLiteConverter, which keeps no "
-                    "chosen layer float; the PT2E path does: give the model as ONNX (python -m tf2onnx.convert "
-                    "--keras MODEL.h5 --output model.onnx), or pass --tolerance to accept this agreement")
+                    "chosen layer float; the PT2E path does: pass --option keras=onnx (tf2onnx, then PT2E), or "
+                    "--tolerance to accept this agreement")
         return None
 
     def mixed_search(self, job: ConvertJob, artifact: Artifact) -> Search:

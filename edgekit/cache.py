@@ -252,6 +252,8 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
     env = environment()
     model_part = _file_part(src, "model")
     loading = {"model": model_part, "input_shape": input_shape, "consts": consts, "env": env}
+    if (options or {}).get("keras") == "onnx":  # another float graph: the tf2onnx route is analyzed on its own
+        loading["route"] = "keras-onnx"
     analysis_key = _digest({"schema": SCHEMA, "stage": "analysis", **loading,
                             "target": target.model_dump(mode="json", exclude={"tolerances"}), "opset": opset})
     key = _digest({

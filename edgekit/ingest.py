@@ -233,16 +233,17 @@ def takes_onnx(info: Any) -> bool:
     return "onnx" in info.inputs or takes_via_bridge(info)
 
 
-def for_converter(model: Model, target: Any) -> Model:
+def for_converter(model: Model, target: Any, keras_via_onnx: bool = False) -> Model:
     """The model as the target's converter reads it: a Keras / SavedModel model written to ONNX (tf2onnx) where
-    the converter does not read TensorFlow; an ONNX model bridged to torch where the converter takes torch but
-    not ONNX; otherwise the model itself."""
+    the converter does not read TensorFlow, or where ``keras_via_onnx`` asks for it (android ``--option
+    keras=onnx``); an ONNX model bridged to torch where the converter takes torch but not ONNX; otherwise the
+    model itself."""
     from edgekit.converters import converter_info
 
     if target is None:
         return model
     info = converter_info(target.converter)
-    if model.is_tf and model.kind not in info.inputs and takes_onnx(info):
+    if model.is_tf and (model.kind not in info.inputs or keras_via_onnx) and takes_onnx(info):
         from edgekit.tf_bridge import to_onnx_model
 
         model = to_onnx_model(model, _load_onnx)

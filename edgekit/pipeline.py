@@ -164,7 +164,8 @@ def convert(
     with work_dir("edgekit-") as tmp, toolchain_output(echo=verbose) as toolchain:
         work = Path(tmp)
         with clock.stage("ingest"):
-            ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb, consts)
+            ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb, consts,
+                                keras_via_onnx=(options or {}).get("keras") == "onnx")
         with clock.stage("analyze"):
             if analysis is None and bc is not None:  # the float export + analysis, cached without the precision
                 analysis = bc.analysis(ing.model, tgt, work, opset, log)

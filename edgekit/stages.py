@@ -159,12 +159,12 @@ def check_calibration(precision: str, given: bool) -> None:
 
 def ingest(model: str | Path | Model, target: Target, input_shape: list[str] | None, trust_pickle: bool,
            calib: str | None, eval_data: str | None, max_data_mb: float | None,
-           consts: list[str] | None = None) -> Ingested:
+           consts: list[str] | None = None, keras_via_onnx: bool = False) -> Ingested:
     """ingest: the model (refused early when the target does not take its kind) and its data files. An ONNX
     model for a converter that reads torch is bridged here (edgekit.onnx_bridge), checked against onnxruntime."""
     check_target_takes(model, target)  # Keras / SavedModel / ONNX: refused by name before loading a framework
     m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle, consts)
-    m = for_converter(m, target)
+    m = for_converter(m, target, keras_via_onnx)
     calib_ds = random_dataset(m) if calib == "random" else (
         load_npz(calib, m, what="--calib", max_mb=max_data_mb) if calib else None)
     # labels are optional: without them --eval measures agreement with the float model on every sample

@@ -330,5 +330,26 @@ def test_int8_failure_on_keras_input_says_why_no_layer_was_searched(kd, tmp_path
                   fail_on_verification=False)
     assert not res.verification.passed
     mp = res.manifest["artifact"]["mixed_precision"]
-    assert mp["searched"] is False and "tf2onnx" in mp["reason"] and not mp["passed_after"]
+    assert mp["searched"] is False and "--option keras=onnx" in mp["reason"] and not mp["passed_after"]
     assert "not searched" in (res.out_dir / "report.md").read_text()
+
+
+def test_keras_through_onnx_on_android_takes_pt2e_and_mixed_precision(kd, tmp_path):
+    """--option keras=onnx: the Keras model reaches android through tf2onnx and onnx2torch, is quantized by PT2E
+    (per-channel weights, the observer measured), keeps digits accuracy within a point, and where INT8 fails a
+    tight tolerance the mixed-precision search runs (it could not on the TFLiteConverter path)."""
+    pytest.importorskip("tf2onnx")
+    res = convert(str(kd["keras"]), "android", tmp_path / "o", precision="int8", calib=str(kd["calib"]),
+                  eval_data=str(kd["eval"]), options={"keras": "onnx"}, cache=False)
+    v = res.verification
+    assert v.passed, v.failures
+    assert 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0, (v.float_accuracy, v.converted_accuracy)
+    src = res.manifest["source_model"]
+    assert src["kind"] == "keras" and src["bridge"].startswith("tf2onnx ") and "onnx2torch" in src["bridge"], src
+    assert res.manifest["artifact"]["quantization"]["tool"] == "litert-torch PT2E static"
+    tight = convert(str(kd["keras"]), "android", tmp_path / "t", precision="int8", calib=str(kd["calib"]),
+                    eval_data=str(kd["eval"]), options={"keras": "onnx"}, cache=False, fail_on_verification=False,
+                    tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0})
+    assert not tight.verification.passed  # no INT8 build is within 1e-6 of float
+    mp = tight.manifest["artifact"].get("mixed_precision")
+    assert mp is not None and mp.get("searched", True) is not False and mp["scanned"], mp
