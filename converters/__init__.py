@@ -144,9 +144,6 @@ class ConvertJob:
     warn: Callable[[str], None] = print
     float_tflite: Path | None = None  # the fp32 .tflite the analyze stage made from a Keras / SavedModel model
     step: Callable[[str, str], None] = lambda name, msg: None  # progress of a long sub-step: "start", "3/16", "1.2 s"
-    # what a converter may reuse within this one convert call (its mixed-precision rebuilds included): e.g. the
-    # PT2E observers' statistics, which do not depend on which layers are kept float (converters/tflite.py)
-    memo: dict[str, Any] = field(default_factory=dict)
 
     @contextmanager
     def substep(self, name: str) -> Iterator[None]:

@@ -540,14 +540,9 @@ class TFLiteConverter:
                     prepared(*sample)
                 else:
                     assert job.calib is not None  # the pipeline refuses int8 without --calib
-                    memo = job.memo.setdefault(("pt2e-observers", _graph_key(module), limit), {})
-                    n_batches = _restore_observers(prepared, memo)
-                    if n_batches is None:  # an observer this program has and no earlier one had: calibrate
-                        n_batches = 0
-                        for feed in job.calib.batches(m, limit):
-                            prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
-                            n_batches += 1
-                        _store_observers(prepared, memo, n_batches)
+                    for feed in job.calib.batches(m, limit):
+                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
+                        n_batches += 1
             converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
         if not dynamic and n_batches == 0:
             raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
@@ -614,56 +609,6 @@ class TFLiteConverter:
         # TensorFlow (Keras input only) is recorded in artifact.toolchain of the builds that used it
         return toolchain_versions("torch", "litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer",
                                   "torchao")
-
-
-# ---------------------------------------------------------------- calibration statistics, reused
-# A prepared PT2E program runs in float while it calibrates, so what an observer sees depends only on the tensor it
-# observes, never on which other layers are annotated or kept float. The mixed-precision search builds one program
-# per set of kept layers: each takes the statistics the first calibration gathered (same observer type and settings
-# on the same tensor) instead of running the calibration data again; a program with an observer no earlier one had
-# calibrates in full. Measured: docs/android.md.
-
-
-def _graph_key(module) -> int:
-    return hash(tuple((n.name, str(n.target)) for n in module.graph.nodes))
-
-
-def _observers(prepared) -> list[tuple[tuple, Any]]:
-    """(key, observer module) of each stateful observer: the observed node, the observer class and its settings."""
-    torch = require("torch")
-    out = []
-    for n in prepared.graph.nodes:
-        if n.op != "call_module" or not n.args or not isinstance(n.args[0], torch.fx.Node):
-            continue
-        mod = prepared.get_submodule(n.target)
-        if not hasattr(mod, "min_val") or not hasattr(mod, "calculate_qparams"):
-            continue  # not an observer with statistics (derived bias observers hold none)
-        cfg = tuple(str(getattr(mod, k, None)) for k in ("dtype", "qscheme", "quant_min", "quant_max", "ch_axis",
-                                                        "bins", "reduce_range", "eps"))
-        src = n.args[0]
-        while src.op == "call_module" and src.args and isinstance(src.args[0], torch.fx.Node):
-            src = src.args[0]  # an observer of an observer's output: observers pass values through, and their
-            # own names (activation_post_process_N) follow the annotation, not the tensor
-        out.append(((src.name, type(mod).__name__, cfg), mod))
-    return out
-
-
-def _restore_observers(prepared, memo: dict) -> int | None:
-    """Load every observer's statistics from ``memo``; the number of calibration batches they came from, or None
-    (nothing loaded) where one is missing."""
-    obs = _observers(prepared)
-    if "batches" not in memo or not obs or any(k not in memo["states"] for k, _ in obs):
-        return None
-    for k, mod in obs:
-        mod.load_state_dict(memo["states"][k])
-    return memo["batches"]
-
-
-def _store_observers(prepared, memo: dict, batches: int) -> None:
-    states = memo.setdefault("states", {})
-    for k, mod in _observers(prepared):
-        states[k] = {name: t.detach().clone() for name, t in mod.state_dict().items()}
-    memo["batches"] = batches
 
 
 def _torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray]:

@@ -287,36 +287,3 @@ def test_jetson_bias_correction_takes_the_int8_shift_out_of_each_channel(tmp_pat
     assert rec["layers"] == 1 and rec["snr_db_after"] > rec["snr_db_before"]
     assert shift["off"].max() > 1e-3, shift  # the model shows the shift the correction is for
     assert shift["on"].max() < 0.2 * shift["off"].max(), shift
-
-
-def test_android_search_builds_reuse_the_calibration_statistics(digits):
-    """A kept-float variant's PT2E program takes the observers' statistics of the first calibration (they see the
-    float program, so keeping a layer float changes none of them) instead of running --calib again; its outputs
-    are exactly those of a fresh calibration."""
-    from types import SimpleNamespace
-
-    import numpy as np
-    import torch
-
-    from edgekit.converters.tflite import CONVERTER as TFL
-    from edgekit.converters.tflite import _torch_run
-    from edgekit.data import load_npz
-    from edgekit.ingest import load_model
-
-    m = load_model(FRAGILE, SHAPE)
-    calib = load_npz(str(digits["calib"]), m, what="--calib")
-    runs = []
-    counted = SimpleNamespace(batches=lambda model, limit=None: runs.append(limit) or calib.batches(model, limit))
-    job = SimpleNamespace(model=m, calib=counted, memo={}, options={})
-    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-    module = TFL._exported(job, TFL._module(job), sample)
-    _, _, n_all = TFL._calibrated(job, module, sample, False, "histogram", ())
-    kept, _, n_kept = TFL._calibrated(job, module, sample, False, "histogram", ("linear",))
-    assert len(runs) == 1 and n_kept == n_all > 0  # the variant did not read the calibration data again
-    fresh_job = SimpleNamespace(model=m, calib=calib, memo={}, options={})
-    fresh, _, _ = TFL._calibrated(fresh_job, module, sample, False, "histogram", ("linear",))
-    feeds = list(calib.batches(m, 8))
-    a, b = _torch_run(kept, feeds, m), _torch_run(fresh, feeds, m)
-    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
-    minmax, _, _ = TFL._calibrated(job, module, sample, False, "minmax", ("linear",))  # another observer type
-    assert len(runs) == 2, "statistics are kept per observer type: minmax calibrates on its own"
