@@ -71,7 +71,7 @@ def _compare_ops():
 
 def transform(gm: Any) -> int:
     """Rewrite unfoldable BatchNorm and PReLU into depthwise 1x1 convs (constants as weights), squares into
-    products, divisions by a square root or a constant into products.
+    products, divisions by a square root or a constant into products, HardSwish written out into hardswish.
     Returns the number of nodes rewritten."""
     torch = require("torch")
     a = torch.ops.aten
@@ -149,6 +149,14 @@ def transform(gm: Any) -> int:
                     x, _attr(gm, node, "weight", w1), _attr(gm, node, "bias", b1) if b1 is not None else None,
                     [1, 1], [0, 0], [1, 1], 1))
                 out = _call(gm, node, a.pixel_shuffle.default, (conv, r))
+            node.replace_all_uses_with(out)
+            gm.graph.erase_node(node)
+            n_done += 1
+        elif node.target == a.mul.Tensor and (x := _hardswish_input(gm, node)) is not None:
+            # x * clip(x + 3, 0, 6) * (1/6), HardSwish as paddle2onnx writes it: four int8 ops, each rounding its
+            # output on a per-tensor grid (ppocr-cls: max error 46%), where TFLite runs one HARD_SWISH
+            with gm.graph.inserting_before(node):
+                out = _call(gm, node, a.hardswish.default, (x,))
             node.replace_all_uses_with(out)
             gm.graph.erase_node(node)
             n_done += 1
@@ -260,6 +268,37 @@ def _quantized_out(x: Any) -> bool:
     (SharedQuantizationSpec) instead of requantizing it."""
     src = x.meta.get("quantization_annotation")
     return src is not None and src._annotated and src.output_qspec is not None
+
+
+def _scalar_is(gm: Any, v: Any, want: float, rtol: float = 1e-5) -> bool:
+    """``v`` (a constant node or a Python number) is the single value ``want``."""
+    if isinstance(v, (int, float)):
+        return abs(float(v) - want) <= rtol * abs(want)
+    if not _const(gm, v):
+        return False
+    t = _value(gm, v)
+    return t.numel() == 1 and abs(float(t.reshape(-1)[0]) - want) <= rtol * abs(want)
+
+
+def _hardswish_input(gm: Any, node: Any) -> Any:
+    """The ``x`` of ``mul(mul(x, clip(add(x, 3), 0, 6)), 1/6)`` ending at ``node`` (either operand order; clip as
+    hardtanh or clamp), each intermediate read only by the next; else None."""
+    torch = require("torch")
+    a = torch.ops.aten
+    for inner, k in ((node.args[0], node.args[1]), (node.args[1], node.args[0])):
+        if (not isinstance(inner, torch.fx.Node) or inner.target != a.mul.Tensor or len(inner.users) != 1
+                or not _scalar_is(gm, k, 1 / 6)):
+            continue
+        for x, clip in ((inner.args[0], inner.args[1]), (inner.args[1], inner.args[0])):
+            if (not isinstance(clip, torch.fx.Node) or len(clip.users) != 1
+                    or clip.target not in (a.hardtanh.default, a.clamp.default) or len(clip.args) < 3
+                    or clip.args[1] != 0 or clip.args[2] != 6):
+                continue
+            add = clip.args[0]
+            if (isinstance(add, torch.fx.Node) and add.target == a.add.Tensor and len(add.users) == 1
+                    and x in add.args[:2] and _scalar_is(gm, add.args[1] if add.args[0] is x else add.args[0], 3.0)):
+                return x
+    return None
 
 
 def _upsampling_deconv(gm: Any, node: Any) -> bool:

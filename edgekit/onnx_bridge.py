@@ -187,13 +187,8 @@ def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
         divs = _div_by_constant_to_mul(proto)
         if divs:
             steps.append(f"{divs} Div by a constant rewritten as Mul by its reciprocal (int8 kernels: MUL, not DIV)")
-        from edgekit.onnx_fuse import fold_affine_into_conv, fuse_hardswish
+        from edgekit.onnx_fuse import fold_affine_into_conv
 
-        proto, hs = fuse_hardswish(proto)
-        if hs:
-            steps.append(f"{hs} HardSwish written out as elementwise ops fused into HardSwish nodes (opset "
-                         f"{next(o.version for o in proto.opset_import if o.domain in ('', 'ai.onnx'))}; "
-                         "one int8 op instead of four)")
         folded = fold_affine_into_conv(proto)
         if folded:
             steps.append(f"{folded} Mul/Add by a per-channel constant folded into the Conv before it (exact; fewer "
