@@ -125,6 +125,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-finetune", dest="finetune", action="store_false", help="skip column (d)")
     args = ap.parse_args()
+    from edgekit.ingest import source_kind
+
     finetune = importlib.util.find_spec("edgekit.finetune") is not None
     if not args.finetune:
         finetune = False
@@ -140,7 +142,7 @@ def main() -> None:
                 # takes the tf2onnx -> PT2E route on android (--option keras=onnx), where layers can stay float
                 tol = None if spec.get("labels", True) else {"min_top1_agreement": 0.99}
                 opts = {"calibration": "auto"}
-                if target == "android" and str(spec["model"]).endswith((".h5", ".hdf5", ".keras")):
+                if target == "android" and source_kind(spec["model"]) is not None:  # Keras / SavedModel
                     opts["keras"] = "onnx"
                 c = dict(b) if b.get("passed") and tol is None else build(spec, target, work / "c", opts,
                                                                           strict=False, tolerance=tol)

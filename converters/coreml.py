@@ -614,8 +614,9 @@ def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarr
         tight["min_snr_db"] += 6
     kinds = job.options.get("output_kinds") or {}
     failures = {}
-    refs, axes = smoke.merge_batches(ref, _batch(job))
-    gots = smoke.merge_batches(got, _batch(job), axes)[0]
+    bs = _batch(job)
+    refs, axes = smoke.merge_batches(ref, bs)
+    gots = smoke.merge_batches(got, bs, axes)[0]
     for i, spec in enumerate(job.model.outputs):
         r, g = refs[i], gots[i]
         kind = kinds.get(spec.name) or smoke.infer_kind(r, len(job.model.outputs))

@@ -16,12 +16,21 @@ from typing import Any
 
 import numpy as np
 
-def _consumers(graph) -> dict[str, list[Any]]:
+
+def _readers(graph) -> dict[str, list[Any]]:
+    """Who reads each value: the graph's nodes, and None for a reader no rewrite may remove (a graph output, a node
+    in a subgraph: an If branch may read an outer value by name)."""
+    import onnx
+
+    from edgekit.analyze import _subgraphs
+
     use: dict[str, list[Any]] = {}
     for n in graph.node:
         for i in n.input:
             use.setdefault(i, []).append(n)
-    for o in graph.output:  # a graph output is a consumer no rewrite may remove
+        for i in {i for sg in _subgraphs(n, onnx) for m in sg.node for i in m.input}:
+            use.setdefault(i, []).append(None)
+    for o in graph.output:
         use.setdefault(o.name, []).append(None)
     return use
 
@@ -37,10 +46,10 @@ def _other(n, name: str) -> str | None:
     return None
 
 
-def _only(use, name: str, op: str) -> Any:
-    """The single consumer of ``name`` when it is an ``op`` node, else None."""
+def _only(use, name: str) -> Any:
+    """The single reader of ``name`` when it is a ``Mul`` or an ``Add``, else None."""
     users = use.get(name, [])
-    return users[0] if len(users) == 1 and users[0] is not None and users[0].op_type == op else None
+    return users[0] if len(users) == 1 and users[0] is not None and users[0].op_type in ("Mul", "Add") else None
 
 
 def _per_channel(c: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
@@ -57,33 +66,28 @@ def _per_channel(c: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
 
 def fold_affine_into_conv(proto) -> int:
     """Fold ``Mul`` / ``Add`` by a per-channel (or single) constant that alone reads a Conv / ConvTranspose's
-    output into that layer's weights and bias. Returns the number of Mul and Add nodes folded."""
+    output into that layer's weights and bias, as long as one follows. Returns the number of Mul and Add folded."""
     from onnx import numpy_helper
 
     graph = proto.graph
     inits = {i.name: i for i in graph.initializer}
+    use = _readers(graph)  # stays right: a fold renames the layer's output to the folded node's, read as before
+    replaced: set[str] = set()
     done = 0
-    changed = True
-    while changed:
-        changed = False
-        use = _consumers(graph)
-        for conv in graph.node:
-            if conv.op_type not in ("Conv", "ConvTranspose") or len(conv.input) < 2 or conv.input[1] not in inits:
-                continue
-            if len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits:
-                continue
-            nxt = _only(use, conv.output[0], "Mul") or _only(use, conv.output[0], "Add")
-            if nxt is None:
-                continue
+    for conv in [n for n in graph.node if n.op_type in ("Conv", "ConvTranspose")]:
+        if len(conv.input) < 2 or conv.input[1] not in inits or (
+                len(conv.input) > 2 and conv.input[2] and conv.input[2] not in inits):
+            continue
+        while (nxt := _only(use, conv.output[0])) is not None:
             k = _other(nxt, conv.output[0])
             if k is None or k not in inits:
-                continue
+                break
             w = numpy_helper.to_array(inits[conv.input[1]])
             group = next((a.i for a in conv.attribute if a.name == "group"), 1)
             out_ch = w.shape[0] if conv.op_type == "Conv" else w.shape[1] * group
             c = _per_channel(numpy_helper.to_array(inits[k]), out_ch, w.ndim)
             if c is None:
-                continue
+                break
             has_b = len(conv.input) > 2 and bool(conv.input[2])
             b = numpy_helper.to_array(inits[conv.input[2]]).astype(np.float64) if has_b else np.zeros(out_ch)
             w64 = w.astype(np.float64)
@@ -98,20 +102,19 @@ def fold_affine_into_conv(proto) -> int:
             else:
                 b = b + c
             tag = f"{conv.name or conv.output[0]}/folded_{done}"
-            graph.initializer.append(numpy_helper.from_array(w64.astype(w.dtype), tag + "_w"))
-            graph.initializer.append(numpy_helper.from_array(b.astype(w.dtype), tag + "_b"))
-            inits[tag + "_w"] = graph.initializer[-2]
-            inits[tag + "_b"] = graph.initializer[-1]
+            for name, value in ((tag + "_w", w64), (tag + "_b", b)):
+                graph.initializer.append(numpy_helper.from_array(value.astype(w.dtype), name))
+                inits[name] = graph.initializer[-1]
+            replaced.update([*conv.input[1:], k])
             del conv.input[1:]
             conv.input.extend([tag + "_w", tag + "_b"])
             conv.output[0] = nxt.output[0]  # the layer now writes what the folded node wrote
             graph.node.remove(nxt)
             done += 1
-            changed = True
-            break
-    if done:  # initializers nothing reads any more
-        read = {i for n in graph.node for i in n.input}
-        keep = [i for i in graph.initializer if i.name in read or i.name in {o.name for o in graph.output}]
+    if replaced:  # the weights, biases and constants replaced, where nothing else reads them
+        use = _readers(graph)
+        gone = {n for n in replaced if n not in use and n not in {i.name for i in graph.input}}
+        keep = [i for i in graph.initializer if i.name not in gone]
         del graph.initializer[:]
         graph.initializer.extend(keep)
     return done

@@ -27,6 +27,17 @@ def _save(nodes, inits, path, x_shape, y_shape, opset=12):
     return path
 
 
+HARDSWISH_CONSTS = {"three": 3.0, "zero": 0.0, "six": 6.0, "sixth": 6.0}
+
+
+def _hardswish(x: str, out: str) -> list:
+    """HardSwish as paddle2onnx writes it: x * clip(x + 3, 0, 6) / 6 (constants: HARDSWISH_CONSTS)."""
+    return [helper.make_node("Add", [x, "three"], [out + "_3"]),
+            helper.make_node("Clip", [out + "_3", "zero", "six"], [out + "_r6"]),
+            helper.make_node("Mul", [x, out + "_r6"], [out + "_xr6"]),
+            helper.make_node("Div", [out + "_xr6", "sixth"], [out])]
+
+
 def _run(path, x):
     s = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     return s.run(None, {"x": x})[0]
@@ -39,15 +50,11 @@ def _ops(m):
 def test_paddle_affine_blocks_fold_into_the_conv_and_hardswish_stays_as_published(tmp_path):
     rng = np.random.default_rng(0)
     inits = {"w": rng.standard_normal((4, 3, 3, 3)), "b": rng.standard_normal(4), "a": [0.9],
-             "c": rng.standard_normal((1, 4, 1, 1)), "three": 3.0, "zero": 0.0, "six": 6.0, "sixth": 6.0,
-             "w2": rng.standard_normal((5, 4, 1, 1))}
+             "c": rng.standard_normal((1, 4, 1, 1)), "w2": rng.standard_normal((5, 4, 1, 1)), **HARDSWISH_CONSTS}
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["conv"], pads=[1, 1, 1, 1]),
              helper.make_node("Mul", ["a", "conv"], ["scaled"]),  # the constant first, as paddle2onnx writes it
              helper.make_node("Add", ["scaled", "c"], ["t"]),
-             helper.make_node("Add", ["t", "three"], ["t3"]),
-             helper.make_node("Clip", ["t3", "zero", "six"], ["r6"]),
-             helper.make_node("Mul", ["t", "r6"], ["tr6"]),
-             helper.make_node("Div", ["tr6", "sixth"], ["hs"]),
+             *_hardswish("t", "hs"),
              helper.make_node("Conv", ["hs", "w2"], ["y"])]
     p = _save(nodes, inits, tmp_path / "lcnet.onnx", [1, 3, 8, 8], [1, 5, 8, 8])
     m = load_model(p)
@@ -99,20 +106,43 @@ def test_what_is_not_exact_is_left_alone(tmp_path):
     np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-5)
 
 
+def test_values_an_if_branch_reads_are_not_folded_away(tmp_path):
+    """An If branch reads outer values by name: a conv output it reads is not folded (the name would vanish), and
+    a constant it reads stays in the graph when the Mul that also read it is folded."""
+    rng = np.random.default_rng(4)
+    inits = {"w": rng.standard_normal((2, 3, 1, 1)), "v": rng.standard_normal((2, 3, 1, 1)), "a": [2.0],
+             "zero": 0.0}
+    then_g = helper.make_graph([helper.make_node("Mul", ["conv_v", "a"], ["t_out"])], "then", [],
+                               [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, [1, 2, 4, 4])])
+    else_g = helper.make_graph([helper.make_node("Identity", ["conv_v"], ["e_out"])], "else", [],
+                               [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, [1, 2, 4, 4])])
+    nodes = [helper.make_node("Conv", ["x", "w"], ["conv_w"]),
+             helper.make_node("Mul", ["conv_w", "a"], ["scaled"]),  # foldable; "a" is read in a branch too
+             helper.make_node("Conv", ["x", "v"], ["conv_v"]),
+             helper.make_node("Mul", ["conv_v", "a"], ["v2"]),  # conv_v is read in both branches: not folded
+             helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+             helper.make_node("Greater", ["s", "zero"], ["cond"]),
+             helper.make_node("If", ["cond"], ["picked"], then_branch=then_g, else_branch=else_g),
+             helper.make_node("Add", ["scaled", "picked"], ["sp"]),
+             helper.make_node("Add", ["sp", "v2"], ["y"])]
+    p = _save(nodes, inits, tmp_path / "if.onnx", [1, 3, 4, 4], [1, 2, 4, 4], opset=13)
+    m = load_model(p)
+    assert any("1 Mul/Add" in s for s in m.onnx_prep.steps), m.onnx_prep.steps
+    for x in (rng.standard_normal((1, 3, 4, 4)).astype(np.float32) + k for k in (-5.0, 5.0)):  # both branches
+        np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-5)
+
+
 def test_written_out_hardswish_is_one_int8_op_on_android_and_verifies_on_ios(tmp_path):
     """android INT8: paddle2onnx's x * clip(x + 3, 0, 6) / 6 becomes one HARD_SWISH op (four int8 ops before, each
     rounding its output); ios fp16 converts the graph as published and verifies."""
     from edgekit.pipeline import convert
 
     rng = np.random.default_rng(3)
-    inits = {"w": rng.standard_normal((8, 3, 3, 3)) * 0.5, "a": [1.3], "three": 3.0, "zero": 0.0, "six": 6.0,
-             "sixth": 6.0, "w2": rng.standard_normal((4, 8, 1, 1)) * 0.3}
+    inits = {"w": rng.standard_normal((8, 3, 3, 3)) * 0.5, "a": [1.3], "w2": rng.standard_normal((4, 8, 1, 1)) * 0.3,
+             **HARDSWISH_CONSTS}
     nodes = [helper.make_node("Conv", ["x", "w"], ["conv"], pads=[1, 1, 1, 1]),
              helper.make_node("Mul", ["conv", "a"], ["t"]),
-             helper.make_node("Add", ["t", "three"], ["t3"]),
-             helper.make_node("Clip", ["t3", "zero", "six"], ["r6"]),
-             helper.make_node("Mul", ["t", "r6"], ["tr6"]),
-             helper.make_node("Div", ["tr6", "sixth"], ["hs"]),
+             *_hardswish("t", "hs"),
              helper.make_node("Conv", ["hs", "w2"], ["y"])]
     p = _save(nodes, inits, tmp_path / "hs.onnx", [1, 3, 8, 8], [1, 4, 8, 8])
     calib = tmp_path / "calib.npz"
