@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.deps import require
+from edgekit.onnx_fuse import subgraphs as _subgraphs
 
 DTYPE_BYTES = {1: 4, 10: 2, 11: 8, 7: 8, 6: 4, 5: 2, 4: 2, 3: 1, 2: 1, 9: 1, 16: 2}
 ONNX_WEIGHT_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul"}
@@ -117,18 +118,6 @@ def analyze_model(model: Any, work_dir: Path, target: Any = None, opset: int | N
                         target.rewrites if target is not None else None), path
 
 
-def _subgraphs(node: Any, onnx: Any) -> list[Any]:
-    """The graphs inside a node (If branches, Loop / Scan bodies), nested ones included."""
-    out = []
-    for a in node.attribute:
-        graphs = [a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs) \
-            if a.type == onnx.AttributeProto.GRAPHS else []
-        for sg in graphs:
-            out.append(sg)
-            out += [x for m in sg.node for x in _subgraphs(m, onnx)]
-    return out
-
-
 def _rewritable(nodes: list[Any], consts: dict[str, Any], numpy_helper: Any, rewrites: list[str]) -> set[int]:
     """The nodes (by id) the target's converter rewrites into ops it runs (``Target.rewrites``), so the op check
     does not refuse them: ``Pow``: a square (constant exponent 2) -> x * x; ``Sqrt`` whose every reader divides
@@ -196,7 +185,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
     # Constant nodes also carry weights in exported graphs; If branches and Loop/Scan bodies hold nodes,
     # initializers and Constants of their own, and use the outer graph's weights: each top-level node counts
     # what its subgraphs hold and use (silero's whole network sits in the branches of one If)
-    subgraphs = [sg for n in g.node for sg in _subgraphs(n, onnx)]
+    subgraphs = [sg for n in g.node for sg in _subgraphs(n)]
     for sg in subgraphs:
         inits.update({i.name: i for i in sg.initializer})
     const_vals: dict[str, Any] = {}
@@ -231,7 +220,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
     for idx, n in enumerate(g.node):
         if n.op_type == "Constant":
             continue
-        inner = [m for sg in _subgraphs(n, onnx) for m in sg.node if m.op_type != "Constant"]
+        inner = [m for sg in _subgraphs(n) for m in sg.node if m.op_type != "Constant"]
         for m in [n] + inner:
             ops[m.op_type] = ops.get(m.op_type, 0) + 1
         p = 0

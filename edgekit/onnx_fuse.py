@@ -17,18 +17,27 @@ from typing import Any
 import numpy as np
 
 
+def subgraphs(node: Any) -> list[Any]:
+    """The graphs inside a node (If branches, Loop / Scan bodies), nested ones included."""
+    from onnx import AttributeProto
+
+    out = []
+    for a in node.attribute:
+        graphs = [a.g] if a.type == AttributeProto.GRAPH else list(a.graphs) if a.type == AttributeProto.GRAPHS else []
+        for sg in graphs:
+            out.append(sg)
+            out += [x for m in sg.node for x in subgraphs(m)]
+    return out
+
+
 def _readers(graph) -> dict[str, list[Any]]:
     """Who reads each value: the graph's nodes, and None for a reader no rewrite may remove (a graph output, a node
     in a subgraph: an If branch may read an outer value by name)."""
-    import onnx
-
-    from edgekit.analyze import _subgraphs
-
     use: dict[str, list[Any]] = {}
     for n in graph.node:
         for i in n.input:
             use.setdefault(i, []).append(n)
-        for i in {i for sg in _subgraphs(n, onnx) for m in sg.node for i in m.input}:
+        for i in {i for sg in subgraphs(n) for m in sg.node for i in m.input}:
             use.setdefault(i, []).append(None)
     for o in graph.output:
         use.setdefault(o.name, []).append(None)
