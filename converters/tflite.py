@@ -458,7 +458,7 @@ class TFLiteConverter:
     def _pt2e(self, job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
         qc = require("litert_torch.quantize.quant_config", EXTRA)
         m = job.model
-        module = self._exported(job, module, sample)
+        module = self._exported(job, module, sample, unroll_lstm=not dynamic)
         keep = tuple(job.options.get("keep_float_nodes") or ())
         chosen, measured = ("histogram", {}) if dynamic else self._observer(job, module, sample, keep)
         with job.substep("calibration"):
@@ -488,14 +488,29 @@ class TFLiteConverter:
                     "ReLU, PReLU, x**2, division by a sqrt or a constant)")
         return info, edge
 
-    def _exported(self, job: ConvertJob, module, sample):
+    def _exported(self, job: ConvertJob, module, sample, unroll_lstm: bool = False):
+        """The torch.export program PT2E quantizes. ``unroll_lstm``: each ``aten.lstm`` written out step by step
+        (torch's own decomposition: one linear for the input projection, then per step a linear of h, the
+        gates' sigmoid / tanh, mul and add), which the int8 annotators cover: TFLite then runs the LSTM as
+        int8 FULLY_CONNECTED / LOGISTIC / TANH / MUL / ADD (android int8; PT2E has no LSTM annotation)."""
         torch = require("torch")
-        if job.model.exported is None:
+        ep = job.model.exported
+        if ep is None:
             try:
-                return torch.export.export(module, sample).module()
+                ep = torch.export.export(module, sample)
             except Exception as exc:
                 raise ConversionError(_explain_export_failure(exc, job.model.source)) from None
-        return module
+        elif not unroll_lstm:
+            return module
+        lstm = torch.ops.aten.lstm.input
+        if unroll_lstm and any(n.target == lstm for n in ep.graph.nodes):
+            from torch._decomp import get_decompositions
+
+            with quiet_python():
+                ep = ep.run_decompositions(get_decompositions([lstm]))
+            job.log("LSTM written out step by step for int8 (torch's decomposition): "
+                    "FULLY_CONNECTED, LOGISTIC, TANH, MUL, ADD per time step")
+        return ep.module()
 
     def _observer(self, job: ConvertJob, module, sample, keep: tuple[str, ...],
                   quantizer_for: Callable[[str], Any] | None = None) -> tuple[str, dict[str, float]]:
@@ -562,7 +577,7 @@ class TFLiteConverter:
         torch = require("torch")
         m = job.model
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-        module = self._exported(job, self._module(job), sample)
+        module = self._exported(job, self._module(job), sample, unroll_lstm=True)
         method = artifact.meta["quantization"]["calibration_method"]
         base = tuple(job.options.get("keep_float_nodes") or ())
         search = search_feeds(job)
