@@ -76,6 +76,7 @@ def transform(gm: Any) -> int:
     torch = require("torch")
     a = torch.ops.aten
     n_done = 0
+    _float_scalar_constants(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
@@ -277,6 +278,28 @@ def annotate(gm: Any, cfg: Any) -> int:
 
 
 # ---------------------------------------------------------------- helpers
+
+
+def _float_scalar_constants(gm: Any) -> None:
+    """An integer scalar in float arithmetic (``20 * x`` in a .pt2 program): PT2E's transform lifts it into an
+    int64 tensor constant, and the add / mul annotation then put an observer on it (HistogramObserver raised
+    "histogram_cpu not implemented for 'Long'"). Such a constant becomes float32, the value the op computes with."""
+    torch = require("torch")
+    a = torch.ops.aten
+    arith = {a.add.Tensor, a.mul.Tensor, a.sub.Tensor, a.div.Tensor, a.rsub.Tensor}
+    for node in gm.graph.nodes:
+        if node.op != "get_attr" or not node.users:
+            continue
+        if not all(u.op == "call_function" and u.target in arith and _is_float_tensor(u) for u in node.users):
+            continue
+        value = _value(gm, node)
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.numel() != 1:
+            continue
+        owner_path, _, attr = node.target.rpartition(".")
+        owner = gm.get_submodule(owner_path) if owner_path else gm
+        setattr(owner, attr, value.to(torch.float32))
+        if node.meta.get("val") is not None:
+            node.meta["val"] = node.meta["val"].to(torch.float32)
 
 
 def _quantized_out(x: Any) -> bool:

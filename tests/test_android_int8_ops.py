@@ -108,10 +108,10 @@ def test_refusal_says_whose_limitation_it_is():
     from edgekit.profiles import load_target
     from edgekit.stages import op_refusal
 
-    stats = SimpleNamespace(unsupported=[{"op": "LSTM", "node": "node_lstm"}, {"op": "Log", "node": "node_log"}])
+    stats = SimpleNamespace(unsupported=[{"op": "Gather", "node": "node_gather"}, {"op": "Log", "node": "node_log"}])
     msg = op_refusal(stats, load_target("android"), {}, precision="int8")
     assert "\n" not in msg
-    assert msg.startswith("target android cannot run 1 op(s) at int8: Log (node node_log); LSTM (node node_lstm): ")
+    assert msg.startswith("target android cannot run 1 op(s) at int8: Log (node node_log); Gather (node node_gather): ")
     assert "a limitation of edgekit's converter, not of the target" in msg
     assert op_refusal(stats, load_target("android"), {}, precision="fp32") is None  # the int8 list only
 
@@ -325,3 +325,59 @@ def test_multi_head_attention_converts_full_integer(tmp_path):
     v = res.verification
     assert v.float_accuracy > 0.9 and v.passed, (v.float_accuracy, v.failures)
     assert 100 * (v.float_accuracy - v.converted_accuracy) <= 1.0, (v.float_accuracy, v.converted_accuracy)
+
+
+class RowsLSTM(nn.Module):
+    """Each digit row is a time step: a bidirectional LSTM (ONNX LSTM, direction=bidirectional), its outputs
+    averaged over time, Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lstm = nn.LSTM(8, 24, batch_first=True, bidirectional=True)
+        self.head = nn.Linear(48, 10)
+
+    def forward(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.head(self.lstm(rows)[0].mean(dim=1))
+
+
+def test_bidirectional_lstm_runs_fully_int8(tmp_path):
+    """TFLite runs an LSTM's steps with int8 kernels. edgekit writes the LSTM out step by step (torch's own
+    decomposition) before PT2E: FULLY_CONNECTED, LOGISTIC, TANH, MUL, ADD, no float op. The per-step outputs'
+    concatenations and the reverse direction's flip must keep their scales: left unannotated, the converter
+    made them int8 at another tensor's scale and this model's held-out accuracy fell 20 points (96.2% -> 76.2%)."""
+    torch.manual_seed(0)
+    model = RowsLSTM()
+    x_tr, x_te, y_te = _rows_onnx(model, tmp_path / "lstm.onnx")
+    res = _rows_int8(tmp_path / "lstm.onnx", tmp_path, x_tr, x_te, y_te)
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is True and art["float_ops"] == [], art
+    ops = art["op_counts"]
+    assert ops.get("LOGISTIC", 0) >= 3 * 8 * 2 and ops.get("TANH", 0) >= 2 * 8 * 2, ops  # 3 gates + 2 tanh, per step
+    assert ops.get("REVERSE_V2", 0) >= 1, ops
+    v = res.verification
+    assert v.float_accuracy > 0.9, v.float_accuracy
+    assert 100 * (v.float_accuracy - v.converted_accuracy) <= 2.0, (v.float_accuracy, v.converted_accuracy)
+    assert v.passed, v.failures
+
+
+class IntScale(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(8, 16)
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.cat([torch.relu(self.a(x)), 20 * torch.relu(self.b(x))], -1))
+
+
+def test_integer_scalar_in_float_arithmetic_of_a_pt2(tmp_path):
+    """``20 * x`` in a .pt2 program: PT2E lifts the 20 into an int64 constant, and edgekit's add / mul
+    annotation put a histogram observer on it (a traceback: "histogram_cpu" not implemented for 'Long')."""
+    torch.manual_seed(0)
+    torch.export.save(torch.export.export(IntScale().eval(), (torch.zeros(1, 8),)), tmp_path / "m.pt2")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).normal(size=(200, 8)).astype(np.float32))
+    res = convert(str(tmp_path / "m.pt2"), "android", tmp_path / "int8", precision="int8",
+                  calib=str(tmp_path / "calib.npz"))
+    assert res.manifest["artifact"]["full_integer"] is True
+    assert res.verification.passed, res.verification.failures
