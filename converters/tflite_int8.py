@@ -76,7 +76,7 @@ def transform(gm: Any) -> int:
     torch = require("torch")
     a = torch.ops.aten
     n_done = 0
-    _float_scalar_constants(gm)
+    _float_constants(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
@@ -229,7 +229,7 @@ def annotate(gm: Any, cfg: Any) -> int:
             # so it misses those of a .pt2 program or of a decomposition (an LSTM's per-step outputs). Left
             # float between DEQUANTIZE and nothing, the converter made such a cat int8 at its first input's
             # scale and clipped the others: a bidirectional LSTM's output fell to 8 dB SNR.
-            ins = [x for x in node.args[0] if isinstance(x, torch.fx.Node) and _is_float_tensor(x)]
+            ins = [x for x in _tensor_args(node) if _is_float_tensor(x)]
             if ins and _is_float_tensor(node):
                 shared = SharedQuantizationSpec((ins[0], node))
                 in_map = {x: shared for x in ins}
@@ -280,10 +280,11 @@ def annotate(gm: Any, cfg: Any) -> int:
 # ---------------------------------------------------------------- helpers
 
 
-def _float_scalar_constants(gm: Any) -> None:
-    """An integer scalar in float arithmetic (``20 * x`` in a .pt2 program): PT2E's transform lifts it into an
-    int64 tensor constant, and the add / mul annotation then put an observer on it (HistogramObserver raised
-    "histogram_cpu not implemented for 'Long'"). Such a constant becomes float32, the value the op computes with."""
+def _float_constants(gm: Any) -> None:
+    """An integer constant in float arithmetic (``20 * x`` in a .pt2 program: PT2E's transform lifts the 20 into an
+    int64 tensor constant; an integer mask): the add / mul annotation put an observer on it (HistogramObserver
+    raised "histogram_cpu not implemented for 'Long'"). Such a constant becomes float32, the value the op computes
+    with (type promotion), and is then quantized like any other constant operand."""
     torch = require("torch")
     a = torch.ops.aten
     arith = {a.add.Tensor, a.mul.Tensor, a.sub.Tensor, a.div.Tensor, a.rsub.Tensor}
@@ -293,7 +294,7 @@ def _float_scalar_constants(gm: Any) -> None:
         if not all(u.op == "call_function" and u.target in arith and _is_float_tensor(u) for u in node.users):
             continue
         value = _value(gm, node)
-        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.numel() != 1:
+        if not isinstance(value, torch.Tensor) or value.is_floating_point() or value.is_complex():
             continue
         owner_path, _, attr = node.target.rpartition(".")
         owner = gm.get_submodule(owner_path) if owner_path else gm
