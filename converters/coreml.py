@@ -298,7 +298,7 @@ class CoreMLConverter:
         in torch (fp32 elsewhere: the real re-verification runs the converted package)."""
         torch = require("torch")
         from edgekit.converters.tflite import CONVERTER as TFLITE
-        from edgekit.converters.tflite import SEARCH_CALIB, _torch_run
+        from edgekit.converters.tflite import OBSERVERS, SEARCH_CALIB, _torch_run, observer_outputs
 
         m = job.model
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
@@ -308,17 +308,17 @@ class CoreMLConverter:
         base = tuple(job.options.get("keep_float_nodes") or ())
         search = search_feeds(job)
 
-        def fake_quant(keep: tuple[str, ...]):
-            return TFLITE._calibrated(job, module, sample, False, method, keep, SEARCH_CALIB,
-                                      lambda observer: _w8a8_quantizer(observer, keep))[0]
+        def fake_quant(keep: tuple[str, ...], observer: str = method):
+            return TFLITE._calibrated(job, module, sample, False, observer, keep, SEARCH_CALIB,
+                                      lambda obs: _w8a8_quantizer(obs, keep))[0]
 
         layers = _w8a8_layers(fake_quant(base), search[:8], m)
         ref = _torch_run(module, search, m)
-
-        def outputs(kept: list[str]) -> list[np.ndarray]:
-            return _torch_run(fake_quant(base + tuple(kept)), search, m)
-
-        return Search(layers, outputs, ref, "fp16 (no int8 quantize / dequantize on its input; fp16 weights)")
+        measure = job.options.get("calibration") in (None, "auto")  # else the user's observer, as given
+        outputs, calibration_for = observer_outputs(lambda kept, obs: fake_quant(base + tuple(kept), obs),
+                                                    (*OBSERVERS,) if measure else (method,), method, ref, search, m)
+        return Search(layers, outputs, ref, "fp16 (no int8 quantize / dequantize on its input; fp16 weights)",
+                      calibration_for if measure else None)
 
     keep_layers = keep_layers  # the W8A8 build again with the kept fx nodes fp16 (edgekit.mixed)
 
@@ -906,9 +906,13 @@ def _w8a8_quantizer(observer: str, keep: tuple[str, ...] = ()) -> Any:
 
 def _w8a8_layers(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any) -> list[Layer]:
     """Each conv / linear / matmul of a W8A8 fake-quant program with the SQNR of its int8 input (the tensor
-    before and after its quantize / dequantize, on the same runs): the cheap ranking of the mixed search."""
+    before and after its quantize / dequantize, on the same runs) or, where lower, of its int8 weights at its
+    output: the cheap ranking of the mixed search."""
     torch = require("torch")
+    from edgekit.converters.tflite import _weight_noise
+
     seen: dict[str, list[tuple]] = {}
+    weights: dict[str, list[float]] = {}
 
     class Rec(torch.fx.Interpreter):
         def run_node(self, n):
@@ -919,6 +923,7 @@ def _w8a8_layers(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any) -> 
                                                                  for a in n.args[1:5]])
                 deq = (torch.clamp(torch.round(x / scale) + zp, lo, hi) - zp) * scale
                 seen.setdefault(n.args[0].name, []).append((x.detach().numpy(), deq.detach().numpy()))
+            _weight_noise(self, n, out, weights)
             return out
 
     with torch.no_grad():
@@ -939,8 +944,11 @@ def _w8a8_layers(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any) -> 
             continue  # not quantized (kept, or not an annotated layer)
         a = np.concatenate([u.ravel() for u, _ in seen[x.name]]).astype(np.float64)
         d = np.concatenate([v.ravel() for _, v in seen[x.name]]).astype(np.float64)
+        local = mixed_db(float(np.sum(a ** 2)), float(np.sum((a - d) ** 2)))
+        if n.name in weights:  # its int8 weights at its output, where they lose more than its input does
+            local = min(local, mixed_db(*weights[n.name]))
         layers.append(Layer(n.name, str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target),
-                            round(mixed_db(float(np.sum(a ** 2)), float(np.sum((a - d) ** 2))), 2)))
+                            round(local, 2)))
     return layers
 
 

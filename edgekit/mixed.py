@@ -44,6 +44,9 @@ class Search:
     outputs: Callable[[list[str]], list[np.ndarray]]  # build keeping these layers, run on the search samples
     reference: list[np.ndarray]  # the float model's outputs on the search samples
     keeps_as: str  # what a kept layer becomes, e.g. "float (TensorRT picks fp16/fp32 for it)"
+    # the calibration method that measured best with these layers kept, where ``outputs`` measures several (a
+    # layer kept float changes which activation ranges are best downstream); None: the first build's method
+    calibration_for: Callable[[list[str]], str | None] | None = None
 
 
 @dataclass
@@ -128,6 +131,10 @@ def weight_sqnr_db(w: np.ndarray, in_energy: np.ndarray, out_energy: float, grou
 # An INT8 build may keep at most this share of its quantized layers at higher precision: beyond it the artifact
 # is a float build with a few INT8 layers, and calling it INT8 would hide that INT8 failed.
 MAX_KEPT_SHARE = 0.5
+# A layer added by the greedy step that moves the search samples' output SNR by less than this is not kept: where
+# the error is spread over the whole model (PP-OCRv4's detector, each further layer +-0.1 dB), keeping more layers
+# float only made the build less INT8.
+MIN_GAIN_DB = 0.25
 
 
 def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
@@ -157,10 +164,16 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             log(f"sensitivity scan stopped after {i - 1} layers (time budget {budget_s:.0f} s)")
             scanned = scanned[:i - 1]
             break
-        lay.alone_snr_db, _ = score([lay.name])
+        lay.alone_snr_db, alone_ok = score([lay.name])
         lay.gain_db = lay.alone_snr_db - base
         log(f"sensitivity {i}/{len(scanned)}: {lay.name} ({lay.op}) kept alone: output SNR "
-            f"{lay.alone_snr_db:.1f} dB ({lay.gain_db:+.1f})")
+            f"{lay.alone_snr_db:.1f} dB ({lay.gain_db:+.1f})" + (", search checks pass" if alone_ok else ""))
+        if alone_ok:  # one layer is the fewest there can be: the rest of the scan cannot find a smaller set
+            scanned = scanned[:i]
+            log(f"1 layer kept: output SNR {lay.alone_snr_db:.1f} dB, search checks pass")
+            return Outcome([lay], scanned, base, lay.alone_snr_db, builds, time.perf_counter() - t0,
+                           search.keeps_as, True, [{"kept": 1, "layer": lay.name, "snr_db": lay.alone_snr_db,
+                                                    "passed": True}])
     order = sorted(scanned, key=lambda lay: -(lay.gain_db if np.isfinite(lay.gain_db) else 1e9))
     order += [lay for lay in ranked if lay not in scanned]  # beyond the measured ones: by local rank
     kept: list[Layer] = []
@@ -171,11 +184,17 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             log(f"search stopped at {len(kept)} kept layer(s): time budget {budget_s:.0f} s")
             break
         kept.append(lay)
+        before = snr
         snr, ok = score([k.name for k in kept])
         steps.append({"kept": len(kept), "layer": lay.name, "snr_db": snr, "passed": ok})
         log(f"{len(kept)} layer(s) kept: output SNR {snr:.1f} dB, search checks {'pass' if ok else 'fail'}")
         if ok:
             break
+        if kept[:-1] and snr < before + MIN_GAIN_DB:  # it did not help: not kept (the first one always is)
+            kept.pop()
+            snr = before
+            steps[-1]["dropped"] = True
+            log(f"  {lay.name} gains {steps[-1]['snr_db'] - before:+.2f} dB: not kept")
     return Outcome(kept, scanned, base, snr, builds, time.perf_counter() - t0, search.keeps_as, ok, steps)
 
 
@@ -259,7 +278,10 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     unbuildable: list[str] = []
     while True:
         try:
-            rebuilt = conv.keep_layers(job, artifact, [k.name for k in outcome.kept])
+            names = [k.name for k in outcome.kept]
+            method = search.calibration_for(names) if search.calibration_for is not None else None
+            rebuilt = (conv.keep_layers(job, artifact, names, calibration=method) if method
+                       else conv.keep_layers(job, artifact, names))
         except (ConversionError, UnsupportedOpError) as exc:
             # the search measures kept layers in torch; the target's converter may not lower one kept float
             # (litert-torch: ppocr-cls' SE multiply kept float broke a broadcast): drop it and go on
@@ -318,13 +340,15 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     return artifact, checked
 
 
-def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str]) -> Any:
+def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str], calibration: str | None = None) -> Any:
     """A converter's ``keep_layers``: its INT8 build again with ``kept`` nodes (and the user's
-    ``keep_float_nodes``) left float, with the calibration method the first build chose."""
+    ``keep_float_nodes``) left float, with the calibration method the first build chose, or ``calibration``:
+    the one the search measured best with these layers kept."""
     first = artifact.meta["quantization"]
     saved = job.options
     user = [n for n in (saved.get("keep_float_nodes") or []) if n not in kept]
-    job.options = {**saved, "keep_float_nodes": user + kept, "calibration": first["calibration_method"]}
+    method = calibration or first["calibration_method"]
+    job.options = {**saved, "keep_float_nodes": user + kept, "calibration": method}
     bias = first.get("bias_correction")
     if bias:  # as the first build decided (measured there): off is not measured again on every rebuild
         job.options["bias_correction"] = "on" if bias.get("applied") else "off"
@@ -333,6 +357,9 @@ def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str]) -> Any:
     finally:
         job.options = saved
     again.meta["quantization"].update({k: first[k] for k in ("calibration_chosen", "calibration_measured_snr_db")})
+    if method != first["calibration_method"]:
+        again.meta["quantization"]["calibration_chosen"] = (
+            f"by measurement with the kept layers float ({first['calibration_method']} measured best all-INT8)")
     if bias and "chosen" in bias:
         again.meta["quantization"]["bias_correction"]["chosen"] = bias["chosen"]
     return again

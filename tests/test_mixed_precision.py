@@ -287,3 +287,64 @@ def test_jetson_bias_correction_takes_the_int8_shift_out_of_each_channel(tmp_pat
     assert rec["layers"] == 1 and rec["snr_db_after"] > rec["snr_db_before"]
     assert shift["off"].max() > 1e-3, shift  # the model shows the shift the correction is for
     assert shift["on"].max() < 0.2 * shift["off"].max(), shift
+
+
+def test_a_layer_whose_int8_weights_lose_its_output_is_ranked_first():
+    """PP-OCRv4's detector: the head's first conv sums an FPN concat of +-1800 into +-2.7; its int8 output quantizes
+    well, but its int8 weights' rounding (1/254 of each row's largest weight, times inputs of 1800) is larger than
+    that output. The mixed search ranked layers by their activation alone, never measured it, and ran out of time
+    (zoo cell: 900 s). Here a conv reads two near-copies of a large feature and outputs their small difference:
+    the ranking (android's and Core ML's) now puts it first, from its weights."""
+    import copy
+
+    import numpy as np
+    import torch
+    from torch import nn
+    from torchao.quantization.pt2e import quantize_pt2e
+
+    from edgekit.converters.coreml import _w8a8_layers, _w8a8_quantizer
+    from edgekit.converters.tflite import _local_sqnr, _quantizer
+    from edgekit.ingest import TensorSpec
+
+    class Cancel(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            g = torch.Generator().manual_seed(0)
+            self.feat = nn.Conv2d(1, 8, 3, padding=1)
+            self.big = nn.Conv2d(8, 16, 1)  # channel 2k+1 = channel 2k * (1 + 1e-3), both ~ +-300
+            self.head = nn.Conv2d(16, 4, 1)  # c * (x_2k - x_2k+1 / (1 + 1e-3 * r)): a small difference
+            with torch.no_grad():
+                w = torch.randn(8, 8, 1, 1, generator=g) * 100
+                self.big.weight.copy_(torch.repeat_interleave(w, 2, dim=0))
+                self.big.weight[1::2] *= 1.001
+                self.big.bias.zero_()
+                c = torch.rand(4, 8, generator=g) + 0.5
+                hw = torch.zeros(4, 16)
+                hw[:, 0::2], hw[:, 1::2] = c, -c / 1.001 * (1 + 1e-3 * torch.rand(4, 8, generator=g))
+                self.head.weight.copy_(hw[:, :, None, None])
+                self.head.bias.zero_()
+
+        def forward(self, x):
+            return torch.relu(self.head(self.big(torch.relu(self.feat(x)))))
+
+    torch.manual_seed(0)
+    net = Cancel().eval()
+    xs = [np.random.default_rng(i).normal(size=(1, 1, 8, 8)).astype(np.float32) for i in range(12)]
+    gm = torch.export.export(net, (torch.from_numpy(xs[0]),)).module()
+
+    class M:  # what the rankers read of the model: its inputs
+        inputs = [TensorSpec(name="x", shape=[1, 1, 8, 8], dtype="float32")]
+
+    feeds = [{"x": x} for x in xs[8:]]
+    for quantizer, rank in ((_quantizer(False, "minmax", ()), _local_sqnr),
+                            (_w8a8_quantizer("minmax", ()), _w8a8_layers)):
+        p = quantize_pt2e.prepare_pt2e(copy.deepcopy(gm), quantizer)
+        with torch.no_grad():
+            for x in xs[:8]:
+                p(torch.from_numpy(x))
+        layers = sorted(rank(quantize_pt2e.convert_pt2e(p, fold_quantize=False), feeds, M), key=lambda x: x.local_sqnr_db)
+        by = {lay.name: lay.local_sqnr_db for lay in layers}
+        # the head first: its conv from its weights (its ReLU output, android's candidate too, clips the noise
+        # those weights add); before, a conv fused with its ReLU was no candidate and Core ML ranked it by its input
+        assert by["conv2d_2"] < 10 and {n for n, v in by.items() if v < 25} <= {"conv2d_2", "relu_1"}, by
+        assert by["conv2d"] > 25, by  # the first conv: weights and output quantize well
