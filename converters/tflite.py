@@ -488,6 +488,8 @@ class TFLiteConverter:
                          "add_mul_quantized": q.binary_nodes, "add_mul_annotated_by_edgekit": q.fixed_adds,
                          "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten,
                          "nodes_kept_float": list(keep)})
+            if _lstm_float(job):
+                info["lstm"] = "float (--option lstm=float: any LSTM runs in float between DEQUANTIZE and QUANTIZE)"
             job.log(f"PT2E calibrated on {n_batches} batches; {q.binary_nodes} add/mul node(s) quantized "
                     f"({q.fixed_adds} annotated by edgekit where litert-torch's annotator missed them); edgekit "
                     f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} into int8 ops (BatchNorm after "

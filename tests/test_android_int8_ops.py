@@ -358,6 +358,15 @@ def test_bidirectional_lstm_runs_fully_int8(tmp_path):
     assert v.float_accuracy > 0.9, v.float_accuracy
     assert 100 * (v.float_accuracy - v.converted_accuracy) <= 2.0, (v.float_accuracy, v.converted_accuracy)
     assert v.passed, v.failures
+    # --option lstm=float: the LSTM stays float between DEQUANTIZE and QUANTIZE (as jetson's and ios' INT8 builds
+    # run it), said in the manifest; the embedding and head stay int8
+    res = convert(str(tmp_path / "lstm.onnx"), "android", tmp_path / "lstm-float", precision="int8",
+                  calib=str(tmp_path / "calib.npz"), eval_data=str(tmp_path / "eval.npz"), options={"lstm": "float"})
+    art = res.manifest["artifact"]
+    float_ops = {o["op"] for o in art["float_ops"]}
+    assert art["full_integer"] is False and {"DEQUANTIZE", "LOGISTIC", "TANH"} <= float_ops, float_ops
+    assert art["quantization"]["lstm"].startswith("float"), art["quantization"]
+    assert res.verification.passed, res.verification.failures
 
 
 class IntScale(nn.Module):
