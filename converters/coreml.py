@@ -873,7 +873,9 @@ def _w8a8_quantizer(observer: str, keep: tuple[str, ...] = ()) -> Any:
     from torchao.quantization.pt2e import MinMaxObserver
     from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, Quantizer
 
-    cfg = pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False)
+    from edgekit.converters.tflite import weight_scale_floor_off
+
+    cfg = weight_scale_floor_off(pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False))
     act, weight = cfg.input_activation, cfg.weight
     if observer == "minmax":
         act = dataclasses.replace(act, observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12))
