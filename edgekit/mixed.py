@@ -60,6 +60,7 @@ class Outcome:
     keeps_as: str
     passed_search: bool
     steps: list[dict[str, Any]] = field(default_factory=list)  # greedy: kept count -> search SNR / pass
+    spread: bool = False  # no layer ranked worst mattered alone: nothing to keep (the error is everywhere)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -135,6 +136,10 @@ MAX_KEPT_SHARE = 0.5
 # the error is spread over the whole model (PP-OCRv4's detector, each further layer +-0.1 dB), keeping more layers
 # float only made the build less INT8.
 MIN_GAIN_DB = 0.25
+# ... and where the first SPREAD_AFTER layers of the ranking each gain less than that kept alone, the scan stops: the
+# ranking puts a layer that matters first (PP-OCRv4's detector head, +9 dB, while its weights were floored), and a
+# model whose error is spread would spend the whole time budget keeping layers that change nothing.
+SPREAD_AFTER = 4
 
 
 def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
@@ -168,6 +173,11 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
         lay.gain_db = lay.alone_snr_db - base
         log(f"sensitivity {i}/{len(scanned)}: {lay.name} ({lay.op}) kept alone: output SNR "
             f"{lay.alone_snr_db:.1f} dB ({lay.gain_db:+.1f})" + (", search checks pass" if alone_ok else ""))
+        if i == SPREAD_AFTER and all((x.gain_db or 0) < MIN_GAIN_DB for x in scanned[:i]):
+            log(f"the {i} layers ranked worst each gain less than {MIN_GAIN_DB} dB kept alone: the error is spread "
+                "over the model, not in a layer; scan stopped")
+            return Outcome([], scanned[:i], base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
+                           spread=True)
         if alone_ok:  # one layer is the fewest there can be: the rest of the scan cannot find a smaller set
             scanned = scanned[:i]
             log(f"1 layer kept: output SNR {lay.alone_snr_db:.1f} dB, search checks pass")
@@ -262,6 +272,17 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
     outcome = keep_fewest(search, passes, log=log)
+    if outcome.spread:
+        msg = (f"mixed precision: no layer explains the failure: each of the {len(outcome.scanned)} layers ranked worst "
+               f"gains less than {MIN_GAIN_DB} dB of output SNR kept alone (all-INT8: {outcome.snr_db_before:.1f} dB "
+               "on the calibration samples); the error is spread over the model, so keeping layers at higher "
+               "precision would not make it pass (fine-tune with `edgekit finetune`, or choose fp16 / fp32)")
+        warn(msg)
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
+                                            "search_samples": int(len(search.reference[0])),
+                                            "layers": len(search.layers), "passed_after": False}
+        return artifact, checked
     if not outcome.scanned:
         msg = ("mixed precision: all-INT8 passes the checks on the calibration samples, so they cannot show which "
                "layers fail on the held-out ones; no layer kept (calibrate on inputs like those that fail)")

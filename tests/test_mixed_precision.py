@@ -348,3 +348,24 @@ def test_a_layer_whose_int8_weights_lose_its_output_is_ranked_first():
         # those weights add); before, a conv fused with its ReLU was no candidate and Core ML ranked it by its input
         assert by["conv2d_2"] < 10 and {n for n, v in by.items() if v < 25} <= {"conv2d_2", "relu_1"}, by
         assert by["conv2d"] > 25, by  # the first conv: weights and output quantize well
+
+
+def test_a_spread_error_is_said_and_nothing_is_kept():
+    """Where the error is spread over the model (PP-OCRv4's detector on android, each further layer +-0.1 dB), the
+    scan stops after the worst-ranked few each gain nothing kept alone, and nothing is kept: before, the greedy step
+    kept layers that changed nothing until its time budget ran out."""
+    import numpy as np
+
+    from edgekit.mixed import SPREAD_AFTER, Layer, Search, keep_fewest
+
+    rng = np.random.default_rng(0)
+    ref = [rng.normal(size=(16, 10))]
+    names = [f"l{i}" for i in range(60)]  # each 1/60 of the error: keeping one gains 0.15 dB
+
+    def outputs(kept):
+        return [ref[0] + 0.01 * sum(1 for n in names if n not in kept) * np.sign(ref[0])]
+
+    out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], outputs, ref, "float"),
+                      lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1)
+    assert out.spread and out.kept == [] and not out.passed_search
+    assert len(out.scanned) == SPREAD_AFTER and out.builds == SPREAD_AFTER + 1
