@@ -71,7 +71,7 @@ class TFLiteOptions(_Options):
     io: Literal["int8", "float"] = Field("int8", description="int8 builds: int8 or float32 input/output tensors")
     lstm: Literal["int8", "float"] = Field(
         "int8", description="int8 builds: LSTMs written out per time step in int8 (FULLY_CONNECTED / LOGISTIC / TANH "
-        "/ MUL / ADD), or kept float (one float LSTM op between DEQUANTIZE and QUANTIZE)")
+        "/ MUL / ADD), or kept float (litert-torch writes it out per step in fp32 between DEQUANTIZE and QUANTIZE)")
     layout: Literal["nchw", "nhwc"] | None = Field(None, description="torch models: NHWC input (to_channel_last_io)")
     threads: int = Field(2, ge=1, le=256, description="host interpreter threads for verification")
     keras: Literal["tflite", "onnx"] = Field(

@@ -298,7 +298,7 @@ class CoreMLConverter:
         in torch (fp32 elsewhere: the real re-verification runs the converted package)."""
         torch = require("torch")
         from edgekit.converters.tflite import CONVERTER as TFLITE
-        from edgekit.converters.tflite import OBSERVERS, SEARCH_CALIB, _torch_run, observer_outputs
+        from edgekit.converters.tflite import SEARCH_CALIB, _torch_run, observer_outputs
 
         m = job.model
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
@@ -314,11 +314,10 @@ class CoreMLConverter:
 
         layers = _w8a8_layers(fake_quant(base), search[:8], m)
         ref = _torch_run(module, search, m)
-        measure = job.options.get("calibration") in (None, "auto")  # else the user's observer, as given
-        outputs, calibration_for = observer_outputs(lambda kept, obs: fake_quant(base + tuple(kept), obs),
-                                                    (*OBSERVERS,) if measure else (method,), method, ref, search, m)
+        outputs, calibration_for = observer_outputs(lambda kept, obs: fake_quant(base + tuple(kept), obs), job,
+                                                    method, ref, search)
         return Search(layers, outputs, ref, "fp16 (no int8 quantize / dequantize on its input; fp16 weights)",
-                      calibration_for if measure else None)
+                      calibration_for)
 
     keep_layers = keep_layers  # the W8A8 build again with the kept fx nodes fp16 (edgekit.mixed)
 

@@ -312,7 +312,6 @@ def _lstm_float(job: ConvertJob) -> bool:
     return str(job.options.get("lstm") or "int8").lower() == "float"
 
 
-
 class TFLiteConverter:
     name = "tflite"
 
@@ -412,7 +411,10 @@ class TFLiteConverter:
             if rep["float_ops"]:
                 listed = format_float_ops(rep["float_ops"])
                 if job.options.get("keep_float_nodes") or _lstm_float(job):
-                    notes.append(f"{len(rep['float_ops'])} op(s) float by keep_float_nodes (mixed precision): {listed}")
+                    why = " and ".join(w for w, on in (("keep_float_nodes (mixed precision)",
+                                                         job.options.get("keep_float_nodes")),
+                                                        ("--option lstm=float", _lstm_float(job))) if on)
+                    notes.append(f"{len(rep['float_ops'])} op(s) float by {why}: {listed}")
                 elif not allow_fallback:
                     raise ConversionError(
                         f"full-integer int8 was asked but {len(rep['float_ops'])} op(s) run in float: {listed}; "
@@ -611,15 +613,13 @@ class TFLiteConverter:
         conv, _, _ = self._calibrated(job, module, sample, False, method, base, SEARCH_CALIB)
         layers = _local_sqnr(conv, search[:8], m)
         ref = _torch_run(module, search, m)
-        measure = job.options.get("calibration") in (None, "auto")  # else the user's observer, as given
 
         def build(kept: list[str], observer: str):
             return self._calibrated(job, module, sample, False, observer, base + tuple(kept), SEARCH_CALIB)[0]
 
-        outputs, calibration_for = observer_outputs(build, (*OBSERVERS,) if measure else (method,), method, ref,
-                                                    search, m)
+        outputs, calibration_for = observer_outputs(build, job, method, ref, search)
         return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)",
-                      calibration_for if measure else None)
+                      calibration_for)
 
     keep_layers = keep_layers  # the int8 build again with the kept fx nodes float (edgekit.mixed)
 
@@ -714,11 +714,16 @@ def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]
     return layers
 
 
-def observer_outputs(build: Callable[[list[str], str], Any], observers: tuple[str, ...], first: str, ref, search, m):
-    """The mixed search's ``outputs(kept)`` and ``calibration_for(kept)`` where each kept set is calibrated with
-    every observer and the one closest to float (output SNR) is used. The first build chose its observer all-INT8,
-    where one broken layer can hide the difference: PP-OCRv4's detector measured 0.0 dB with both; with its head
-    conv kept float, min-max gives 11.5 dB and mask IoU 0.92, the histogram's range 8.9 dB and 0.86."""
+def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, first: str, ref, search):
+    """The mixed search's ``outputs(kept)`` and ``calibration_for(kept)``: ``build(kept, observer)`` is the
+    fake-quant program; each kept set is calibrated with every observer and the one closest to float (output SNR)
+    is used, unless the user chose the observer (``--option calibration``: then only ``first``, and
+    ``calibration_for`` is None). The first build chose its observer all-INT8, where one broken layer can hide the
+    difference: PP-OCRv4's detector measured 0.0 dB with both; with its head conv kept float, min-max gives 11.5 dB
+    and mask IoU 0.92, the histogram's range 8.9 dB and 0.86."""
+    measure = job.options.get("calibration") in (None, "auto")
+    observers = OBSERVERS if measure else (first,)
+    m = job.model
     best: dict[tuple[str, ...], str] = {}
 
     def outputs(kept: list[str]) -> list[np.ndarray]:
@@ -731,7 +736,7 @@ def observer_outputs(build: Callable[[list[str], str], Any], observers: tuple[st
         best[tuple(sorted(kept))] = top[1]
         return top[2]
 
-    return outputs, lambda kept: best.get(tuple(sorted(kept)))
+    return outputs, ((lambda kept: best.get(tuple(sorted(kept)))) if measure else None)
 
 
 WEIGHTED = ("conv", "linear")  # ops whose args[1] is a weight that PT2E quantizes per channel

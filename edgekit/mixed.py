@@ -170,17 +170,17 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
         lay.gain_db = lay.alone_snr_db - base
         log(f"sensitivity {i}/{len(scanned)}: {lay.name} ({lay.op}) kept alone: output SNR "
             f"{lay.alone_snr_db:.1f} dB ({lay.gain_db:+.1f})" + (", search checks pass" if alone_ok else ""))
-        if i == SPREAD_AFTER and all((x.gain_db or 0) < MIN_GAIN_DB for x in scanned[:i]):
-            log(f"the {i} layers ranked worst each gain less than {MIN_GAIN_DB} dB kept alone: the error is spread "
-                "over the model, not in a layer; scan stopped")
-            return Outcome([], scanned[:i], base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
-                           spread=True)
         if alone_ok:  # one layer is the fewest there can be: the rest of the scan cannot find a smaller set
             scanned = scanned[:i]
             log(f"1 layer kept: output SNR {lay.alone_snr_db:.1f} dB, search checks pass")
             return Outcome([lay], scanned, base, lay.alone_snr_db, builds, time.perf_counter() - t0,
                            search.keeps_as, True, [{"kept": 1, "layer": lay.name, "snr_db": lay.alone_snr_db,
                                                     "passed": True}])
+        if i == SPREAD_AFTER and all((x.gain_db or 0) < MIN_GAIN_DB for x in scanned[:i]):
+            log(f"the {i} layers ranked worst each gain less than {MIN_GAIN_DB} dB kept alone: the error is spread "
+                "over the model, not in a layer; scan stopped")
+            return Outcome([], scanned[:i], base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
+                           spread=True)
     order = sorted(scanned, key=lambda lay: -(lay.gain_db if np.isfinite(lay.gain_db) else 1e9))
     order += [lay for lay in ranked if lay not in scanned]  # beyond the measured ones: by local rank
     kept: list[Layer] = []
