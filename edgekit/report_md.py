@@ -93,15 +93,19 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
         return lines
     if mp.get("searched") is False:
         return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification; not searched: {mp['reason']}."]
-    if not mp["scanned"]:
+    if not mp["scanned"] or (not mp["kept"] and mp.get("shown") is False):
         return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification, but all-INT8 passes the checks on "
                         f"the {mp['search_samples']} calibration samples the search uses: they cannot show which layers "
-                        "fail, so none was kept and the build stays failed."]
+                        "fail, and no layer gains output SNR there kept alone, so none was kept and the build stays "
+                        "failed."]
+    unshown = ("" if mp.get("shown", True) else
+               " All-INT8 passes the checks on these samples, so layers were kept by the output SNR they gain there "
+               "and each set re-verified on the golden samples.")
     lines += ["", "## Mixed precision", "",
               f"Plain INT8 failed verification ({'; '.join(mp['int8_verification_failures'])}). "
               f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, {mp['seconds']:.1f} s): "
               f"output SNR {mp['snr_db_before']:.1f} dB all-INT8 → {mp['snr_db_after']:.1f} dB with "
-              f"{len(mp['kept'])} layer(s) kept {mp['keeps_as']}. Re-verification: "
+              f"{len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
               f"**{'passed' if mp['passed_after'] else 'FAILED'}** (the table above).", "",
               "| layer | op | local INT8 SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
               "|---|---|---|---|---|---|"]

@@ -114,9 +114,10 @@ def test_android_int8_failure_keeps_the_head_float(digits, tmp_path):
     assert art["op_counts"]["CONV_2D"] == 2  # the convolutions stay int8
 
 
-def test_search_keeps_the_fewest_layers_and_refuses_to_guess():
+def test_search_keeps_the_fewest_layers_it_measured():
     """edgekit.mixed.keep_fewest on a known error budget: layer 'a' alone breaks the output, 'b' adds a little
-    noise, 'c' none; only 'a' is kept. Where the search samples already pass, nothing is kept (no guessing)."""
+    noise, 'c' none; only 'a' is kept. Where the search samples already pass all-INT8, they still measure which layer
+    costs the output most: that one is offered first (the golden samples judge it); where none gains, nothing."""
     import numpy as np
 
     from edgekit.mixed import Layer, Search, keep_fewest
@@ -136,8 +137,11 @@ def test_search_keeps_the_fewest_layers_and_refuses_to_guess():
     assert [k.name for k in out.kept] == ["a"] and out.passed_search and out.snr_db_after > out.snr_db_before
     assert max(out.scanned, key=lambda x: x.gain_db).name == "a"
     noise["a"] = 0.05  # now all-INT8 passes on the search samples
-    out = keep_fewest(Search([Layer("a", "Gemm", 35.0)], outputs, ref, "float"), passes)
-    assert out.kept == [] and out.scanned == [] and out.builds == 1
+    out = keep_fewest(Search(layers, outputs, ref, "float"), passes)
+    assert [k.name for k in out.kept] == ["a"] and out.passed_search and not out.shown and not out.spread
+    assert {lay.name for lay in out.scanned} == {"a", "b", "c"} and out.builds == 4
+    out = keep_fewest(Search([Layer("c", "Conv", 40.0)], outputs, ref, "float"), passes)  # 'c' adds no noise
+    assert out.kept == [] and [lay.name for lay in out.scanned] == ["c"] and not out.shown
 
 
 def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
