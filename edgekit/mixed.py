@@ -304,7 +304,11 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     while True:
         try:
             names = [k.name for k in outcome.kept]
-            method = search.calibration_for(names) if search.calibration_for is not None else None
+            method = None
+            if search.calibration_for is not None:
+                if search.calibration_for(names) is None:  # a set added after the search: its observer measured
+                    search.outputs(names)
+                method = search.calibration_for(names)
             rebuilt = (conv.keep_layers(job, artifact, names, calibration=method) if method
                        else conv.keep_layers(job, artifact, names))
         except (ConversionError, UnsupportedOpError) as exc:

@@ -373,3 +373,51 @@ def test_a_spread_error_is_said_and_nothing_is_kept():
                       lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1)
     assert out.spread and out.kept == [] and not out.passed_search
     assert len(out.scanned) == SPREAD_AFTER and out.builds == SPREAD_AFTER + 1
+
+
+def test_ios_search_keeps_a_layer_without_calibrating_again():
+    """The Core ML W8A8 search calibrates once per observer and keeps a layer fp16 by letting it read its inputs
+    and weight in float (``_inputs_float``). That must be the very program a calibration with the layer left
+    unannotated gives: the observers see float values either way. Here on a net where one tensor feeds two convs
+    (the other reader keeps its rounding) and a matmul reads two activations."""
+    import copy
+
+    import numpy as np
+    import torch
+    from torch import nn
+    from torchao.quantization.pt2e import quantize_pt2e
+
+    from edgekit.converters.coreml import _inputs_float, _w8a8_quantizer
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.c = nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 3, padding=1)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            y, z = self.b(h), self.c(h)  # h feeds two convs
+            return torch.matmul(y.flatten(2), z.flatten(2).transpose(1, 2))
+
+    torch.manual_seed(0)
+    net = Net().eval()
+    xs = [torch.randn(1, 1, 6, 6) * 3 for _ in range(10)]
+    gm = torch.export.export(net, (xs[0],)).module()
+
+    def calibrated(keep):
+        p = quantize_pt2e.prepare_pt2e(copy.deepcopy(gm), _w8a8_quantizer("histogram", keep))
+        with torch.no_grad():
+            for x in xs[:8]:
+                p(x)
+        return quantize_pt2e.convert_pt2e(p, fold_quantize=False)
+
+    names = [n.name for n in calibrated(()).graph.nodes if n.op == "call_function"
+             and ("conv" in str(n.target) or "matmul" in str(n.target))]
+    assert len(names) == 4, names
+    everything = calibrated(())
+    with torch.no_grad():
+        for keep in ([names[1]], [names[2]], [names[3]], [names[0], names[3]]):
+            again, bypassed = calibrated(tuple(keep)), _inputs_float(everything, tuple(keep))
+            for x in xs[8:]:
+                assert torch.equal(again(x), bypassed(x)), keep
+            assert not torch.equal(everything(xs[8]), bypassed(xs[8])), keep  # it did keep something

@@ -94,6 +94,10 @@ def test_int8_cells_pass_with_agreement_or_fail_for_a_stated_reason(results):
     # all 18 convolutions float, which is no INT8 build, and the cell says so instead of passing
     c = cells[("silero-vad", "jetson", "int8")]
     assert c["status"] == "failed" and "not an INT8 build" in c["reason"], c
+    # on ios the same verdict: before, the W8A8 build kept fp32 only the ops beyond fp16's range, and fp16 storage
+    # alone moved its LSTM states by 88% of their range (with all 18 convolutions kept: no INT8 left to blame)
+    c = cells[("silero-vad", "ios", "int8")]
+    assert c["status"] == "failed" and "not an INT8 build" in c["reason"], c
 
 
 def test_already_quantized_onnx_is_recognised(results):
