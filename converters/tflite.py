@@ -565,10 +565,14 @@ class TFLiteConverter:
 
     def _calibrated(self, job: ConvertJob, module, sample, dynamic: bool, observer: str, keep: tuple[str, ...],
                     limit: int | None = None, quantizer_for: Callable[[str], Any] | None = None,
-                    fold: bool = False):
+                    fold: bool = False, stats: dict[str, Any] | None = None):
         """prepare_pt2e -> calibrate on --calib (its first ``limit`` samples: the searches) -> convert_pt2e: the
         fake-quant program (runs in torch). ``quantizer_for(observer)``: another quantizer than android's;
-        ``fold``: weights as int8 constants (what coremltools reads) instead of quantize ops."""
+        ``fold``: weights as int8 constants (what coremltools reads) instead of quantize ops. ``stats``: the
+        mixed search's store, {observer: a calibrated prepared program}: the first call of an observer keeps its
+        calibration there, and a later one (another kept set) takes its observers' statistics from it instead of
+        calibrating again, wherever each observer watches the same tensors (observers see float values, so the
+        statistics are the same); where one does not, it calibrates."""
         import copy
 
         torch = require("torch")
@@ -579,14 +583,19 @@ class TFLiteConverter:
         n_batches = 0
         with quiet_python():
             prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
+            known = stats.get(observer) if stats is not None else None
+            if known is not None and _copy_observers(known[0], prepared):
+                n_batches = known[1]
             with torch.no_grad():
                 if dynamic:
                     prepared(*sample)
-                else:
+                elif not n_batches:  # not taken from ``stats``
                     assert job.calib is not None  # the pipeline refuses int8 without --calib
                     for feed in job.calib.batches(m, limit):
                         prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
                         n_batches += 1
+            if stats is not None and known is None and not dynamic:
+                stats[observer] = (copy.deepcopy(prepared), n_batches)
             converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
         if not dynamic and n_batches == 0:
             raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
@@ -610,12 +619,14 @@ class TFLiteConverter:
         method = artifact.meta["quantization"]["calibration_method"]
         base = tuple(job.options.get("keep_float_nodes") or ())
         search = search_feeds(job)
-        conv, _, _ = self._calibrated(job, module, sample, False, method, base, SEARCH_CALIB)
+        stats: dict[str, Any] = {}  # observer -> its calibration with no layer kept, reused by every kept set
+        conv, _, _ = self._calibrated(job, module, sample, False, method, base, SEARCH_CALIB, stats=stats)
         layers = _local_sqnr(conv, search[:8], m)
         ref = _torch_run(module, search, m)
 
         def build(kept: list[str], observer: str):
-            return self._calibrated(job, module, sample, False, observer, base + tuple(kept), SEARCH_CALIB)[0]
+            return self._calibrated(job, module, sample, False, observer, base + tuple(kept), SEARCH_CALIB,
+                                    stats=stats)[0]
 
         outputs, calibration_for = observer_outputs(build, job, method, ref, search)
         return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)",
@@ -712,6 +723,31 @@ def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]
         op = str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target)
         layers.append(Layer(n.name, f"{op}{' ' + where if where else ''}", round(db, 2)))
     return layers
+
+
+def _observer_sites(prepared) -> dict[tuple[str, frozenset[str]], Any]:
+    """The observers of a prepared program by (class, the nodes whose values each watches): one observer object
+    may sit at several places (a spec shared across a concat), under several names."""
+    sites: dict[int, set[str]] = {}
+    objs: dict[int, Any] = {}
+    for n in prepared.graph.nodes:
+        if n.op == "call_module" and "activation_post_process" in str(n.target) and n.args:
+            obs = getattr(prepared, n.target)
+            objs[id(obs)] = obs
+            sites.setdefault(id(obs), set()).add(getattr(n.args[0], "name", str(n.args[0])))
+    return {(type(objs[k]).__name__, frozenset(v)): objs[k] for k, v in sites.items()}
+
+
+def _copy_observers(src, dst) -> bool:
+    """``dst``'s observers take the statistics of ``src``'s observers that watch the same nodes (a calibration of
+    the same program with other layers kept float); False, and nothing copied, where one of them has no match (a
+    kept layer changed what an observer watches: a spec shared across it)."""
+    have, want = _observer_sites(src), _observer_sites(dst)
+    if not want or any(key not in have for key in want):
+        return False
+    for key, obs in want.items():
+        obs.load_state_dict(have[key].state_dict())
+    return True
 
 
 def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, first: str, ref, search):

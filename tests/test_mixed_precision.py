@@ -421,3 +421,61 @@ def test_ios_search_keeps_a_layer_without_calibrating_again():
             for x in xs[8:]:
                 assert torch.equal(again(x), bypassed(x)), keep
             assert not torch.equal(everything(xs[8]), bypassed(xs[8])), keep  # it did keep something
+
+
+def test_android_search_reuses_the_calibration_of_every_observer_it_can():
+    """The android search calibrates each observer once (no layer kept) and, for a kept set, copies each observer's
+    statistics from it by the nodes it watches (``_copy_observers``) instead of calibrating again. The program must
+    be the very one a calibration gives, and where a kept layer changes what an observer watches (a concat's shared
+    spec) it calibrates again: here on a residual net (add), a concat and a linear head, each layer kept in turn."""
+    import copy
+
+    import numpy as np
+    import torch
+    from torch import nn
+    from torchao.quantization.pt2e import quantize_pt2e
+
+    from edgekit.converters.tflite import _copy_observers, _quantizer
+
+    class Net(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b = nn.Conv2d(1, 4, 3, padding=1), nn.Conv2d(4, 4, 3, padding=1)
+            self.c, self.head = nn.Conv2d(8, 4, 1), nn.Linear(4 * 36, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            r = h + self.b(h)
+            y = self.c(torch.cat([r, h], dim=1))
+            return self.head(torch.relu(y).flatten(1))
+
+    torch.manual_seed(0)
+    xs = [torch.randn(1, 1, 6, 6) * 2 for _ in range(10)]
+    gm = torch.export.export(Net().eval(), (xs[0],)).module()
+
+    def prepared(keep):
+        return quantize_pt2e.prepare_pt2e(copy.deepcopy(gm), _quantizer(False, "histogram", keep))
+
+    base = prepared(())
+    with torch.no_grad():
+        for x in xs[:8]:
+            base(x)
+    nodes = [n.name for n in gm.graph.nodes if n.op == "call_function"
+             and any(k in str(n.target) for k in ("conv", "linear", "add", "cat"))]
+    copied = []
+    for name in nodes:
+        fresh, reused = prepared((name,)), prepared((name,))
+        with torch.no_grad():
+            for x in xs[:8]:
+                fresh(x)
+        if not _copy_observers(base, reused):  # an observer that watches other nodes now: calibrated as before
+            continue
+        copied.append(name)
+        a = quantize_pt2e.convert_pt2e(fresh, fold_quantize=False)
+        b = quantize_pt2e.convert_pt2e(reused, fold_quantize=False)
+        with torch.no_grad():
+            for x in xs[8:]:
+                assert torch.equal(a(x), b(x)), name
+    # the layers outside the concat's shared group reuse it; those in or reading it (one observer watched add, cat
+    # and relu at once) calibrate again
+    assert copied == ["conv2d_1", "linear"], copied
