@@ -124,6 +124,11 @@ def deployment_target(job: ConvertJob) -> int:
 class CoreMLConverter:
     name = "coreml"
 
+    def __init__(self) -> None:
+        # a W8A8 job's ops kept fp32, measured on its first build; a mixed-precision rebuild (the same job) reuses
+        # them: measured again on every rebuild, ppocr-rec's search ran past the zoo's 900 s cell limit
+        self._w8a8_fp32: dict[tuple[int, str], dict[str, str]] = {}
+
     def convert(self, job: ConvertJob) -> Artifact:
         ct = _ct()
         if job.precision not in COMPRESSIONS:
@@ -141,12 +146,17 @@ class CoreMLConverter:
             comp = Compression("linear", 8, ios, "W8A8: int8 per-channel weights and int8 per-tensor activations, "
                                                  f"calibrated in torch (PT2E, {w8a8_torch['observer']} observer) "
                                                  "on --calib")
-            if not fp16_fits(job, mlmodel, against_float=False):
+            key = (id(job), str(job.out_dir))
+            if key in self._w8a8_fp32:
+                kept_fp32 = self._w8a8_fp32[key]
+            elif not fp16_fits(job, mlmodel, against_float=False):
                 # a power spectrum beyond fp16 (oww-melspec), an LSTM state that fp16 storage moves (silero-vad:
                 # its states 88% off with every layer fp16): the same measured choice as an fp16 build, against
                 # the W8A8 program computed in fp32 (its int8 error is the search's and verification's to judge)
                 m32, source_route = self._convert_torch(job, ct, ios, force_fp32=True, quantized=w8a8_torch)
                 kept_fp32 = fp16_keep(job, m32, w8a8=True)
+            self._w8a8_fp32[key] = kept_fp32
+            if kept_fp32:
                 keep = frozenset(kept_fp32)
                 job.log(f"W8A8: {len(kept_fp32)} op(s) kept fp32 (fp16 moves the outputs too far, or their values "
                         "pass its range): " + "; ".join(f"{k}: {v}" for k, v in list(kept_fp32.items())[:4]))
