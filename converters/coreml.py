@@ -327,7 +327,7 @@ class CoreMLConverter:
         def fake_quant(keep: tuple[str, ...], observer: str = method):
             # calibrated once per observer: a W8A8 layer kept fp16 only loses the quantize / dequantize on its own
             # inputs and weight, and the observers saw float values either way, so the other layers' ranges are
-            # the same as a calibration with it left unannotated (ppocr-rec: 12 s a search build -> 2 s)
+            # the same as a calibration with it left unannotated (ppocr-rec's search: no calibration per build)
             if observer not in calibrated:
                 calibrated[observer] = TFLITE._calibrated(job, module, sample, False, observer, base, SEARCH_CALIB,
                                                           lambda obs: _w8a8_quantizer(obs, base))[0]

@@ -373,6 +373,16 @@ def test_a_spread_error_is_said_and_nothing_is_kept():
                       lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1)
     assert out.spread and out.kept == [] and not out.passed_search
     assert len(out.scanned) == SPREAD_AFTER and out.builds == SPREAD_AFTER + 1
+    # a scan the time budget cuts short (builds of a large model): the layers it measured decide the same way
+    import time
+
+    def slow(kept):
+        time.sleep(0.1)
+        return outputs(kept)
+
+    out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], slow, ref, "float"),
+                      lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1, budget_s=0.7)
+    assert out.spread and out.kept == [] and 2 <= len(out.scanned) < SPREAD_AFTER, len(out.scanned)
 
 
 def test_ios_search_keeps_a_layer_without_calibrating_again():
