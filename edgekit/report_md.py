@@ -93,12 +93,13 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
         return lines
     if mp.get("searched") is False:
         return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification; not searched: {mp['reason']}."]
-    if not mp["scanned"] or (not mp["kept"] and mp.get("shown") is False):
+    shown = mp.get("shown", bool(mp["scanned"]))  # a record without it: an empty scan meant the samples passed
+    if not shown and not mp["kept"]:
         return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification, but all-INT8 passes the checks on "
                         f"the {mp['search_samples']} calibration samples the search uses: they cannot show which layers "
                         "fail, and no layer gains output SNR there kept alone, so none was kept and the build stays "
                         "failed."]
-    unshown = ("" if mp.get("shown", True) else
+    unshown = ("" if shown else
                " All-INT8 passes the checks on these samples, so layers were kept by the output SNR they gain there "
                "and each set re-verified on the golden samples.")
     lines += ["", "## Mixed precision", "",

@@ -489,3 +489,49 @@ def test_android_search_reuses_the_calibration_of_every_observer_it_can():
     # the layers outside the concat's shared group reuse it; those in or reading it (one observer watched add, cat
     # and relu at once) calibrate again
     assert copied == ["conv2d_1", "linear"], copied
+
+
+def test_where_only_the_golden_samples_fail_the_layer_that_gains_most_is_kept(tmp_path):
+    """All-INT8 passes the checks on the calibration samples, and fails on the golden ones (an unsure line the
+    calibration set does not hold). The search cannot see the failure, but it measures which layer's rounding costs
+    the output most; that layer is kept first and the golden samples judge it (before: nothing kept). The report
+    says how the layers were chosen."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from edgekit.mixed import Layer, Search, fallback
+    from edgekit.report_md import _mixed_precision
+
+    rng = np.random.default_rng(2)
+    ref = [rng.normal(size=(16, 10)) * 3]
+    noise = {"a": 0.03, "b": 0.002, "c": 0.0}  # within the search checks (tolerance ~0.35) all-INT8
+
+    def outputs(kept):
+        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+
+    class StandInConverter:
+        def mixed_search(self, job, artifact):
+            return Search([Layer("c", "Conv", 20.0), Layer("b", "Conv", 25.0), Layer("a", "Gemm", 30.0)], outputs,
+                          ref, "float")
+
+        def keep_layers(self, job, artifact, kept):
+            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
+
+    def reverify(art):  # the golden samples need 'a' float
+        ok = "a" in art.meta["kept"]
+        return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden fails"],
+                                                            notes=[]))
+
+    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
+                          out_dir=tmp_path)
+    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
+    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["golden fails"], notes=[]))
+    art, chk = fallback(job, StandInConverter(), SimpleNamespace(meta={}, notes=[], files=[]), checked,
+                        {"y": "regression"}, tol, reverify, log=lambda m: None, warn=lambda m: None)
+    rec = art.meta["mixed_precision"]
+    assert chk.verification.passed and art.meta["kept"] == ["a"], art.meta
+    assert rec["shown"] is False and [k["name"] for k in rec["kept"]] == ["a"] and rec["passed_after"]
+    assert "kept by the output SNR gained there" in art.notes[0]
+    text = "\n".join(_mixed_precision({"mixed_precision": rec}))
+    assert "layers were kept by the output SNR they gain there" in text and "**passed**" in text
