@@ -124,11 +124,6 @@ def deployment_target(job: ConvertJob) -> int:
 class CoreMLConverter:
     name = "coreml"
 
-    def __init__(self) -> None:
-        # a W8A8 job's ops kept fp32, measured on its first build; a mixed-precision rebuild (the same job) reuses
-        # them: measured again on every rebuild, ppocr-rec's search ran past the zoo's 900 s cell limit
-        self._w8a8_fp32: dict[tuple[int, str], dict[str, str]] = {}
-
     def convert(self, job: ConvertJob) -> Artifact:
         ct = _ct()
         if job.precision not in COMPRESSIONS:
@@ -146,16 +141,15 @@ class CoreMLConverter:
             comp = Compression("linear", 8, ios, "W8A8: int8 per-channel weights and int8 per-tensor activations, "
                                                  f"calibrated in torch (PT2E, {w8a8_torch['observer']} observer) "
                                                  "on --calib")
-            key = (id(job), str(job.out_dir))
-            if key in self._w8a8_fp32:
-                kept_fp32 = self._w8a8_fp32[key]
-            elif not fp16_fits(job, mlmodel, against_float=False):
+            given = job.options.get("fp32_ops")  # a mixed-precision rebuild: the first build's, as measured there
+            if given is not None:
+                kept_fp32 = dict(given)
+            elif not fp16_fits(job, mlmodel, w8a8=True):
                 # a power spectrum beyond fp16 (oww-melspec), an LSTM state that fp16 storage moves (silero-vad:
                 # its states 88% off with every layer fp16): the same measured choice as an fp16 build, against
                 # the W8A8 program computed in fp32 (its int8 error is the search's and verification's to judge)
                 m32, source_route = self._convert_torch(job, ct, ios, force_fp32=True, quantized=w8a8_torch)
                 kept_fp32 = fp16_keep(job, m32, w8a8=True)
-            self._w8a8_fp32[key] = kept_fp32
             if kept_fp32:
                 keep = frozenset(kept_fp32)
                 job.log(f"W8A8: {len(kept_fp32)} op(s) kept fp32 (fp16 moves the outputs too far, or their values "
@@ -649,18 +643,18 @@ def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarr
     return failures
 
 
-def fp16_fits(job: ConvertJob, mlmodel, against_float: bool = True) -> bool:
+def fp16_fits(job: ConvertJob, mlmodel, w8a8: bool = False) -> bool:
     """Whether an fp16 program is fine as it is, on CHECK_SAMPLES calibration samples: no value beyond fp16's range
-    (FP16_LIMIT) and outputs within FP16_MARGIN of the fp16 tolerance of the float model (``against_float``), or
-    of the same program run without fp16 rounding (a W8A8 program: its int8 error is judged elsewhere). A program
-    the host interpreter cannot run is taken as it is (verification says so)."""
+    (FP16_LIMIT) and outputs within FP16_MARGIN of the fp16 tolerance of the float model, or (``w8a8``) of the
+    same program run without fp16 rounding, by ``_judge``'s W8A8 rule (its int8 error is judged elsewhere). A
+    program the host interpreter cannot run is taken as it is (verification says so)."""
     from edgekit.converters.coreml_mil import MILInterpreter
 
     prog = getattr(mlmodel, "_mil_program", None)
     if prog is None:
         return True
     try:
-        interp = MILInterpreter(prog if against_float else _dense_program(mlmodel))
+        interp = MILInterpreter(_dense_program(mlmodel) if w8a8 else prog)
     except Exception:  # noqa: BLE001 - an op the host interpreter lacks: nothing to measure here
         return True
     feeds = _feeds(job, SCREEN_FACTOR * check_samples(interp.fn))
@@ -670,8 +664,8 @@ def fp16_fits(job: ConvertJob, mlmodel, against_float: bool = True) -> bool:
         return False
     # judged against the float model, as verification judges the package: the fp16 program run without rounding
     # still has fp16 weights and its input casts, whose error alone moved ddddocr-det's boxes by half the tolerance
-    ref = (_float_reference(job, feeds) if against_float else None) or unrounded
-    return not _judge(job, ref, [interp(f) for f in feeds], w8a8=not against_float)
+    ref = (None if w8a8 else _float_reference(job, feeds)) or unrounded
+    return not _judge(job, ref, [interp(f) for f in feeds], w8a8=w8a8)
 
 
 def _worst_first(ref: list[list[np.ndarray]], got: list[list[np.ndarray]]) -> list[int]:

@@ -584,12 +584,13 @@ class TFLiteConverter:
         with quiet_python():
             prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
             known = stats.get(observer) if stats is not None else None
-            if known is not None and _copy_observers(known[0], prepared):
+            copied = known is not None and _copy_observers(known[0], prepared)
+            if copied:
                 n_batches = known[1]
             with torch.no_grad():
                 if dynamic:
                     prepared(*sample)
-                elif not n_batches:  # not taken from ``stats``
+                elif not copied:
                     assert job.calib is not None  # the pipeline refuses int8 without --calib
                     for feed in job.calib.batches(m, limit):
                         prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])

@@ -157,6 +157,15 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             cache[key] = (output_snr_db(search.reference, got), passes(got))
         return cache[key]
 
+    def spread(measured: list[Layer]) -> Outcome | None:
+        """The spread verdict where the search samples fail all-INT8 and each measured layer gains < MIN_GAIN_DB."""
+        if base_ok or not all((x.gain_db or 0) < MIN_GAIN_DB for x in measured):
+            return None
+        log(f"the {len(measured)} layers ranked worst each gain less than {MIN_GAIN_DB} dB kept alone: the error is "
+            "spread over the model, not in a layer; scan stopped")
+        return Outcome([], measured, base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
+                       spread=True)
+
     base, base_ok = score([])
     ranked = sorted(search.layers, key=lambda lay: lay.local_sqnr_db)
     scanned = ranked[:measure]
@@ -164,13 +173,10 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
         if time.perf_counter() - t0 > budget_s / 2:  # a large graph: the scan gets half the time budget
             log(f"sensitivity scan stopped after {i - 1} layers (time budget {budget_s:.0f} s)")
             scanned = scanned[:i - 1]
-            if not base_ok and len(scanned) >= 2 and all((x.gain_db or 0) < MIN_GAIN_DB for x in scanned):
-                # as below, on the layers the budget allowed: a greedy step over gains of +-0.1 dB keeps noise
-                # (ddddocr-ocr android: 3 measured, then 5 kept and the golden text agreement fell 89.1% -> 87.5%)
-                log(f"the {len(scanned)} layers measured each gain less than {MIN_GAIN_DB} dB kept alone: the error "
-                    "is spread over the model, not in a layer")
-                return Outcome([], scanned, base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
-                               spread=True)
+            # as below, on the layers the budget allowed: a greedy step over gains of +-0.1 dB keeps noise
+            # (ddddocr-ocr android: 3 measured, then 5 kept and the golden text agreement fell 89.1% -> 87.5%)
+            if len(scanned) >= 2 and (out := spread(scanned)) is not None:
+                return out
             break
         lay.alone_snr_db, alone_ok = score([lay.name])
         lay.gain_db = lay.alone_snr_db - base
@@ -182,11 +188,8 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             return Outcome([lay], scanned, base, lay.alone_snr_db, builds, time.perf_counter() - t0,
                            search.keeps_as, True, [{"kept": 1, "layer": lay.name, "snr_db": lay.alone_snr_db,
                                                     "passed": True}])
-        if not base_ok and i == SPREAD_AFTER and all((x.gain_db or 0) < MIN_GAIN_DB for x in scanned[:i]):
-            log(f"the {i} layers ranked worst each gain less than {MIN_GAIN_DB} dB kept alone: the error is spread "
-                "over the model, not in a layer; scan stopped")
-            return Outcome([], scanned[:i], base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
-                           spread=True)
+        if i == SPREAD_AFTER and (out := spread(scanned[:i])) is not None:
+            return out
     if base_ok:
         # the search samples pass all-INT8, so they cannot say which layer fails the golden ones; they still
         # measure which layer's rounding costs the output most: the best of those is kept first, and the caller
@@ -395,6 +398,10 @@ def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str], calibration
     bias = first.get("bias_correction")
     if bias:  # as the first build decided (measured there): off is not measured again on every rebuild
         job.options["bias_correction"] = "on" if bias.get("applied") else "off"
+    # Core ML W8A8's ops kept fp32, as the first build measured them (measured again on every rebuild, ppocr-rec's
+    # search ran past the zoo's 900 s cell limit)
+    if "fp32_ops" in artifact.meta:
+        job.options["fp32_ops"] = artifact.meta["fp32_ops"]
     try:
         again = conv.convert(job)
     finally:

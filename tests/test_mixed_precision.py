@@ -144,6 +144,26 @@ def test_search_keeps_the_fewest_layers_it_measured():
     assert out.kept == [] and [lay.name for lay in out.scanned] == ["c"] and not out.shown
 
 
+def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m: None):
+    """edgekit.mixed.fallback on a stand-in converter whose builds are a noise model: the plain INT8 build failed,
+    and a rebuild passes the golden samples where layer ``golden_needs`` is kept. Returns (artifact, checked)."""
+    from types import SimpleNamespace
+
+    from edgekit.mixed import fallback
+
+    def reverify(art):
+        ok = golden_needs in art.meta["kept"]
+        return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden fails"],
+                                                            notes=[]))
+
+    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
+                          out_dir=tmp_path)
+    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
+    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
+    return fallback(job, converter, SimpleNamespace(meta={}, notes=[], files=[]), checked, {"y": "regression"}, tol,
+                    reverify, log=lambda m: None, warn=warn)
+
+
 def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
     """The search measures kept layers in torch; the target's converter may fail on one of them kept float (CI met
     litert-torch's broadcast error when ppocr-cls' SE multiply was kept). The re-verification loop drops that layer,
@@ -154,7 +174,7 @@ def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
     import numpy as np
 
     from edgekit.errors import ConversionError
-    from edgekit.mixed import Layer, Search, fallback
+    from edgekit.mixed import Layer, Search
 
     rng = np.random.default_rng(0)
     ref = [rng.normal(size=(16, 10)) * 3]
@@ -173,19 +193,8 @@ def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
                 raise ConversionError("litert-torch could not convert the model (RuntimeError: broadcast)")
             return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
 
-    def reverify(art):
-        ok = "b" in art.meta["kept"]
-        return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden fails"],
-                                                            notes=[]))
-
-    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path)
-    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
-    first = SimpleNamespace(meta={}, notes=[], files=[])
-    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
     warned = []
-    art, chk = fallback(job, StandInConverter(), first, checked, {"y": "regression"}, tol, reverify,
-                        log=lambda m: None, warn=warned.append)
+    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "b", warned.append)
     assert chk.verification.passed and art.meta["kept"] == ["a", "b"]
     rec = art.meta["mixed_precision"]
     assert [k["name"] for k in rec["kept"]] == ["a", "b"] and rec["unbuildable"][0].startswith("c (")
@@ -200,7 +209,7 @@ def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp
     import numpy as np
 
     from edgekit.errors import ConversionError
-    from edgekit.mixed import Layer, Search, fallback
+    from edgekit.mixed import Layer, Search
 
     rng = np.random.default_rng(1)
     ref = [rng.normal(size=(16, 10)) * 3]
@@ -221,15 +230,7 @@ def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp
                 raise ConversionError("/m.onnx: litert-torch could not convert the model (RuntimeError: broadcast)")
             return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
 
-    def reverify(art):
-        return SimpleNamespace(verification=SimpleNamespace(passed="a" in art.meta["kept"], failures=[], notes=[]))
-
-    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path)
-    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
-    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
-    art, chk = fallback(job, StandInConverter(), SimpleNamespace(meta={}, notes=[], files=[]), checked,
-                        {"y": "regression"}, tol, reverify, log=lambda m: None, warn=lambda m: None)
+    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "a")
     assert tried == [["a", "d"], ["a"]] and chk.verification.passed and art.meta["kept"] == ["a"]
     assert art.meta["mixed_precision"]["unbuildable"] == ["d (litert-torch could not convert the model "
                                                           "(RuntimeError: broadcast))"]
@@ -354,10 +355,12 @@ def test_a_layer_whose_int8_weights_lose_its_output_is_ranked_first():
         assert by["conv2d"] > 25, by  # the first conv: weights and output quantize well
 
 
-def test_a_spread_error_is_said_and_nothing_is_kept():
+def test_a_spread_error_is_said_and_nothing_is_kept(monkeypatch):
     """Where the error is spread over the model (PP-OCRv4's detector on android, each further layer +-0.1 dB), the
     scan stops after the worst-ranked few each gain nothing kept alone, and nothing is kept: before, the greedy step
     kept layers that changed nothing until its time budget ran out."""
+    from types import SimpleNamespace
+
     import numpy as np
 
     from edgekit.mixed import SPREAD_AFTER, Layer, Search, keep_fewest
@@ -373,13 +376,17 @@ def test_a_spread_error_is_said_and_nothing_is_kept():
                       lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1)
     assert out.spread and out.kept == [] and not out.passed_search
     assert len(out.scanned) == SPREAD_AFTER and out.builds == SPREAD_AFTER + 1
-    # a scan the time budget cuts short (builds of a large model): the layers it measured decide the same way
-    import time
+    # a scan the time budget cuts short (builds of a large model): the layers it measured decide the same way. The
+    # search's clock is a stand-in that each build moves by 0.1 s (no sleeping, no timing on a loaded machine)
+    import edgekit.mixed as mixed
+
+    clock = [0.0]
 
     def slow(kept):
-        time.sleep(0.1)
+        clock[0] += 0.1
         return outputs(kept)
 
+    monkeypatch.setattr(mixed, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
     out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], slow, ref, "float"),
                       lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1, budget_s=0.7)
     assert out.spread and out.kept == [] and 2 <= len(out.scanned) < SPREAD_AFTER, len(out.scanned)
@@ -500,7 +507,7 @@ def test_where_only_the_golden_samples_fail_the_layer_that_gains_most_is_kept(tm
 
     import numpy as np
 
-    from edgekit.mixed import Layer, Search, fallback
+    from edgekit.mixed import Layer, Search
     from edgekit.report_md import _mixed_precision
 
     rng = np.random.default_rng(2)
@@ -518,17 +525,7 @@ def test_where_only_the_golden_samples_fail_the_layer_that_gains_most_is_kept(tm
         def keep_layers(self, job, artifact, kept):
             return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
 
-    def reverify(art):  # the golden samples need 'a' float
-        ok = "a" in art.meta["kept"]
-        return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden fails"],
-                                                            notes=[]))
-
-    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path)
-    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
-    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["golden fails"], notes=[]))
-    art, chk = fallback(job, StandInConverter(), SimpleNamespace(meta={}, notes=[], files=[]), checked,
-                        {"y": "regression"}, tol, reverify, log=lambda m: None, warn=lambda m: None)
+    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "a")  # the golden samples need 'a' float
     rec = art.meta["mixed_precision"]
     assert chk.verification.passed and art.meta["kept"] == ["a"], art.meta
     assert rec["shown"] is False and [k["name"] for k in rec["kept"]] == ["a"] and rec["passed_after"]
