@@ -485,7 +485,8 @@ class TFLiteConverter:
     def _pt2e(self, job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
         qc = require("litert_torch.quantize.quant_config", EXTRA)
         m = job.model
-        module = self._exported(job, module, sample, unroll_lstm=not dynamic and not _lstm_float(job))
+        found: dict[str, int] = {}
+        module = self._exported(job, module, sample, unroll_lstm=not dynamic and not _lstm_float(job), found=found)
         keep = tuple(job.options.get("keep_float_nodes") or ())
         chosen, measured = ("histogram", {}) if dynamic else self._observer(job, module, sample, keep)
         with job.substep("calibration"):
@@ -510,18 +511,21 @@ class TFLiteConverter:
                          "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten,
                          "nodes_kept_float": list(keep)})
             if _lstm_float(job):
-                info["lstm"] = "float (--option lstm=float: any LSTM runs in float between DEQUANTIZE and QUANTIZE)"
+                info["lstm"] = "float (any LSTM runs in float between DEQUANTIZE and QUANTIZE)"
+            elif found.get("lstms"):
+                info["lstm"] = f"int8 ({found['lstms']} LSTM(s) written out per time step)"
             job.log(f"PT2E calibrated on {n_batches} batches; {q.binary_nodes} add/mul node(s) quantized "
                     f"({q.fixed_adds} annotated by edgekit where litert-torch's annotator missed them); edgekit "
                     f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} into int8 ops (BatchNorm after "
                     "ReLU, PReLU, x**2, division by a sqrt or a constant)")
         return info, edge
 
-    def _exported(self, job: ConvertJob, module, sample, unroll_lstm: bool = False):
+    def _exported(self, job: ConvertJob, module, sample, unroll_lstm: bool = False, found: dict | None = None):
         """The torch.export program PT2E quantizes. ``unroll_lstm``: each ``aten.lstm`` written out step by step
         (torch's own decomposition: one linear for the input projection, then per step a linear of h, the
         gates' sigmoid / tanh, mul and add), which the int8 annotators cover: TFLite then runs the LSTM as
-        int8 FULLY_CONNECTED / LOGISTIC / TANH / MUL / ADD (android int8; PT2E has no LSTM annotation)."""
+        int8 FULLY_CONNECTED / LOGISTIC / TANH / MUL / ADD (android int8; PT2E has no LSTM annotation).
+        ``found``: gets ``lstms``, the number of LSTMs written out."""
         torch = require("torch")
         ep = job.model.exported
         if ep is None:
@@ -532,7 +536,10 @@ class TFLiteConverter:
         elif not unroll_lstm:
             return module
         lstm = torch.ops.aten.lstm.input
-        if unroll_lstm and any(n.target == lstm for n in ep.graph.nodes):
+        lstms = sum(1 for n in ep.graph.nodes if n.target == lstm) if unroll_lstm else 0
+        if found is not None:
+            found["lstms"] = lstms
+        if lstms:
             from torch._decomp import get_decompositions
 
             with quiet_python():
@@ -632,6 +639,16 @@ class TFLiteConverter:
         outputs, calibration_for = observer_outputs(build, job, method, ref, search)
         return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)",
                       calibration_for)
+
+    @staticmethod
+    def float_group(job: ConvertJob, artifact: Artifact) -> tuple[dict[str, str], str] | None:
+        """Mixed precision's first step where a full-integer build with LSTMs written out in int8 fails
+        verification: the same build with every LSTM float (``--option lstm=float``, as the jetson and ios INT8
+        builds run LSTMs), before any single layer is searched; None where the user chose ``--option lstm``."""
+        lstm = str((artifact.meta.get("quantization") or {}).get("lstm", ""))
+        if "lstm" in job.options or not lstm.startswith("int8"):
+            return None
+        return {"lstm": "float"}, "every LSTM float (between DEQUANTIZE and QUANTIZE, as jetson and ios run them)"
 
     keep_layers = keep_layers  # the int8 build again with the kept fx nodes float (edgekit.mixed)
 

@@ -259,9 +259,43 @@ def summary(outcome: Outcome) -> list[str]:
 def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
              reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
              extra_steps: int = 4) -> tuple[Any, Any]:
-    """An INT8 build failed verification (``checked``): search, rebuild with the kept layers
-    (``conv.keep_layers``), re-verify with ``reverify(artifact)``. Returns the new (artifact, checked); the
-    artifact's meta gets ``mixed_precision`` and its notes one line per kept layer."""
+    """An INT8 build failed verification (``checked``): where the converter offers a group of layers to keep first
+    (``conv.float_group``: android's LSTMs written out in int8), the build again with that group at higher
+    precision, re-verified; where it (or there is no group) still fails, the layer search on that build.
+    Returns the new (artifact, checked); the artifact's meta gets ``mixed_precision`` (with ``group``: the first
+    step) and its notes one line per kept layer."""
+    group = conv.float_group(job, artifact) if hasattr(conv, "float_group") else None
+    if group is None:
+        return _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+    options, what = group
+    before = list(checked.verification.failures)
+    warn(f"INT8 failed verification ({before[0]}{f' and {len(before) - 1} more' if len(before) > 1 else ''}): "
+         f"building it again with {what} first (--strict fails instead)")
+    job.options = {**job.options, **options}  # the layer search below and its rebuilds keep the group too
+    t0 = time.perf_counter()
+    artifact = conv.convert(job)
+    checked = reverify(artifact)
+    v = checked.verification
+    step = {"kept": what, "options": options, "seconds": round(time.perf_counter() - t0, 1), "passed": v.passed,
+            "failures": list(v.failures)}
+    if v.passed:
+        artifact.meta["mixed_precision"] = {"group": step, "kept": [], "int8_verification_failures": before,
+                                            "passed_after": True}
+        artifact.notes.insert(0, f"mixed precision: plain INT8 failed verification; built again with {what}: "
+                                 "re-verification passed")
+        return artifact, checked
+    log(f"with {what}: verification still fails ({v.failures[0]}); searching its layers")
+    artifact, checked = _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+    artifact.meta["mixed_precision"].update(group=step, int8_verification_failures=before)
+    artifact.notes.insert(0, f"mixed precision: {what} first (verification still failed: {v.failures[0]})")
+    return artifact, checked
+
+
+def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+                    reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+                    extra_steps: int) -> tuple[Any, Any]:
+    """The layer search: search, rebuild with the kept layers (``conv.keep_layers``), re-verify with
+    ``reverify(artifact)``."""
     from edgekit.verify import output_checks
 
     smoke = output_checks()

@@ -93,20 +93,27 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
         return lines
     if mp.get("searched") is False:
         return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification; not searched: {mp['reason']}."]
+    failed = f"Plain INT8 failed verification ({'; '.join(mp['int8_verification_failures'])}). "
+    group = mp.get("group")  # the converter's first step: a group of layers (android's int8 LSTMs) kept float
+    lines += ["", "## Mixed precision", ""]
+    if group:
+        lines += [failed + f"Built again with {group['kept']} ({group['seconds']:.1f} s): re-verification "
+                  + ("**passed**." if group["passed"] else f"still failed ({'; '.join(group['failures'])}), so its "
+                     "layers were searched."), ""]
+        if "scanned" not in mp:
+            return lines[:-1]
+        failed = ""
     shown = mp.get("shown", bool(mp["scanned"]))  # a record without it: an empty scan meant the samples passed
     if not shown and not mp["kept"]:
-        return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification, but all-INT8 passes the checks on "
-                        f"the {mp['search_samples']} calibration samples the search uses: they cannot show which layers "
-                        "fail, and no layer gains output SNR there kept alone, so none was kept and the build stays "
-                        "failed."]
+        return lines + [failed + f"All-INT8 passes the checks on the {mp['search_samples']} calibration samples the "
+                        "search uses: they cannot show which layers fail, and no layer gains output SNR there kept "
+                        "alone, so none was kept and the build stays failed."]
     unshown = ("" if shown else
                " All-INT8 passes the checks on these samples, so layers were kept by the output SNR they gain there "
                "and each set re-verified on the golden samples.")
-    lines += ["", "## Mixed precision", "",
-              f"Plain INT8 failed verification ({'; '.join(mp['int8_verification_failures'])}). "
-              f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, {mp['seconds']:.1f} s): "
-              f"output SNR {mp['snr_db_before']:.1f} dB all-INT8 → {mp['snr_db_after']:.1f} dB with "
-              f"{len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
+    lines += [failed + f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, "
+              f"{mp['seconds']:.1f} s): output SNR {mp['snr_db_before']:.1f} dB all-INT8 → {mp['snr_db_after']:.1f} dB "
+              f"with {len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
               f"**{'passed' if mp['passed_after'] else 'FAILED'}** (the table above).", "",
               "| layer | op | local INT8 SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
               "|---|---|---|---|---|---|"]
