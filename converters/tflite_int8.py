@@ -59,6 +59,16 @@ def _ops():
     return same, free, fixed
 
 
+# a RELU inserted by transform() to requantize a fixed-scale output for a concatenation (meta key)
+REQUANTIZE = "edgekit_requantize"
+
+
+def _non_negative_fixed() -> set:
+    torch = require("torch")
+    a = torch.ops.aten
+    return {a.softmax.int, a._softmax.default, a.sigmoid.default}
+
+
 def _compare_ops():
     """Comparisons (bool out): TFLite's GREATER / GREATER_EQUAL / LESS / LESS_EQUAL take int8 inputs (each
     rescaled), so only their inputs are annotated; ``where`` is SELECT_V2, whose int8 kernel copies values and
@@ -76,6 +86,7 @@ def transform(gm: Any) -> int:
     torch = require("torch")
     a = torch.ops.aten
     n_done = 0
+    non_negative = _non_negative_fixed()
     _float_constants(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -153,6 +164,21 @@ def transform(gm: Any) -> int:
             node.replace_all_uses_with(out)
             gm.graph.erase_node(node)
             n_done += 1
+        elif node.target in (a.cat.default, a.concat.default) and isinstance(node.args[0], (list, tuple)):
+            # CONCATENATION takes every input at its output's scale; a SOFTMAX / LOGISTIC output is fixed at 1/256,
+            # so it must be requantized first. litert-torch lowers a dequantize -> quantize pair between them to
+            # nothing (the concatenation then failed: "violate the same scale constraint"; ddddocr's YOLOX head
+            # concatenates boxes with sigmoid scores), so the requantization is a RELU: exact on these
+            # non-negative outputs, and TFLite's int8 RELU rescales (annotate takes its input at the fixed scale)
+            parts = list(node.args[0])
+            for i, x in enumerate(parts):
+                if isinstance(x, torch.fx.Node) and x.target in non_negative:
+                    with gm.graph.inserting_before(node):
+                        parts[i] = _call(gm, x, a.relu.default, (x,))
+                    parts[i].meta[REQUANTIZE] = True
+                    n_done += 1
+            if any(p is not q for p, q in zip(parts, node.args[0], strict=True)):
+                node.args = (parts, *node.args[1:])
         elif node.target == a.mul.Tensor and (x := _hardswish_input(gm, node)) is not None:
             # x * clip(x + 3, 0, 6) * (1/6), HardSwish as paddle2onnx writes it: four int8 ops, each rounding its
             # output on a per-tensor grid (ppocr-cls: max error 46%), where TFLite runs one HARD_SWISH
@@ -199,6 +225,14 @@ def annotate(gm: Any, cfg: Any) -> int:
     n_done = 0
     for node in gm.graph.nodes:
         ann = node.meta.get("quantization_annotation")
+        if node.meta.get(REQUANTIZE) and not (ann is not None and ann._annotated and not ann.input_qspec_map):
+            # transform()'s RELU: its input at the producer's fixed scale, its output at the concatenation's
+            x = node.args[0]
+            node.meta["quantization_annotation"] = QuantizationAnnotation(
+                input_qspec_map={x: SharedQuantizationSpec(x) if _quantized_out(x) else act_in},
+                output_qspec=act_out, _annotated=True)
+            n_done += 1
+            continue
         if (ann is not None and ann._annotated and ann.output_qspec is None and len(node.users) > 1
                 and node.op == "call_function" and _is_float_tensor(node)):
             # litert-torch's conv_relu / add_relu / mul_relu fuse the ReLU without checking that the

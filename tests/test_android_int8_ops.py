@@ -399,6 +399,55 @@ def test_a_failing_int8_lstm_is_kept_float_before_any_layer_is_searched(tmp_path
     assert TFLiteConverter.float_group(SimpleNamespace(options={"lstm": "int8"}), int8_lstm) is None
 
 
+class ScoresHead(nn.Module):
+    """A YOLOX-style head: box offsets concatenated with sigmoid scores (ddddocr's detector)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Conv2d(1, 8, 3, padding=1)
+        self.box, self.obj, self.cls = nn.Conv2d(8, 4, 1), nn.Conv2d(8, 1, 1), nn.Conv2d(8, 3, 1)
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        f = torch.relu(self.body(image))
+        out = torch.cat([self.box(f), self.obj(f).sigmoid(), self.cls(f).sigmoid()], 1)
+        return out.flatten(2).permute(0, 2, 1)
+
+
+def test_sigmoid_scores_concatenated_with_boxes_run_on_the_builtin_kernels(tmp_path):
+    """TFLite's int8 LOGISTIC writes at a fixed scale (1/256) and CONCATENATION takes every input at its own
+    output's: the scores must be requantized first. litert-torch dropped that requantization and the conversion
+    failed ("'tfl.concatenation' op quantization parameters violate the same scale constraint": ddddocr's
+    detector). Sharing the concatenation's scale with the LOGISTIC instead converts and runs on XNNPACK, but
+    TFLite's own kernel refuses it ("output->params.scale == 1. / 256 was not true"). The converter puts a RELU
+    between them (exact on a sigmoid's output; the int8 RELU rescales): the build is full-integer and loads and
+    runs on the builtin kernels (NNAPI-less devices, the reference) as on XNNPACK, with the same outputs."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    model = ScoresHead().eval()
+    torch.onnx.export(model, (torch.zeros(1, 1, 8, 8),), str(tmp_path / "head.onnx"), input_names=["image"],
+                      output_names=["out"], opset_version=11, dynamo=False)
+    np.savez(tmp_path / "calib.npz", image=rng.random((200, 1, 8, 8), dtype=np.float32))
+    res = convert(str(tmp_path / "head.onnx"), "android", tmp_path / "int8", precision="int8",
+                  calib=str(tmp_path / "calib.npz"), eval_data=str(tmp_path / "calib.npz"), cache=False)
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is True and art["op_counts"].get("RELU") == 2, art["op_counts"]
+    assert res.verification.passed, res.verification.failures
+    outs, x = [], None
+    for resolver in (OpResolverType.AUTO, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES):
+        it = Interpreter(str(res.out_dir / "model.tflite"), experimental_op_resolver_type=resolver)
+        it.allocate_tensors()  # the builtin LOGISTIC checks its output scale here
+        d = it.get_input_details()[0]
+        if x is None:  # the same int8 input for both
+            scale, zero = d["quantization"]
+            x = np.clip(np.round(rng.random(d["shape"]) / scale + zero), -128, 127).astype(d["dtype"])
+        it.set_tensor(d["index"], x)
+        it.invoke()
+        outs.append(it.get_tensor(it.get_output_details()[0]["index"]).astype(np.int32))
+    assert np.abs(outs[0] - outs[1]).max() <= 1, np.abs(outs[0] - outs[1]).max()
+
+
 class IntScale(nn.Module):
     def __init__(self) -> None:
         super().__init__()
