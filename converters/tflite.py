@@ -406,6 +406,12 @@ class TFLiteConverter:
                         if rep["not_delegable_int8"] and full_int8 else ""))
         if rep["transpose"]["interior"]:
             job.warn(f"{rep['transpose']['interior']} TRANSPOSE op(s) inside the graph cost time at run time")
+        refused = _builtin_refusal(dest)
+        meta["builtin_kernels"] = refused or "load"
+        if refused:  # host verification runs XNNPACK, which may take what TFLite's own kernels check and refuse
+            job.warn(f"{PRIMARY} runs on XNNPACK (host verification) but TFLite's builtin kernels refuse it ({refused}): "
+                     "it fails to load where an op falls back to them (GPU / NNAPI delegates, no XNNPACK)")
+            notes.append(f"TFLite's builtin kernels refuse this model: {refused}")
         if job.precision == "int8":
             meta["full_integer"] = not rep["float_ops"]
             if rep["float_ops"]:
@@ -825,6 +831,19 @@ def _weight_noise(interp, n, out, acc: dict[str, list[float]]) -> None:
     s = acc.setdefault(n.name, [0.0, 0.0])
     s[0] += float((ref ** 2).sum())
     s[1] += float(((got - ref) ** 2).sum())
+
+
+def _builtin_refusal(path: Path) -> str | None:
+    """Why TFLite's builtin kernels (no XNNPACK) refuse to prepare the model, e.g. an int8 LOGISTIC whose output
+    scale is not 1/256; None where they load it."""
+    litert = require("ai_edge_litert.interpreter", EXTRA)
+    try:
+        litert.Interpreter(model_path=str(path),
+                           experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+                           ).allocate_tensors()
+    except (RuntimeError, ValueError) as exc:
+        return str(exc).strip().splitlines()[0][:240] if str(exc).strip() else type(exc).__name__
+    return None
 
 
 def _interpreter(path: Path, threads: int):

@@ -61,6 +61,7 @@ class Outcome:
     passed_search: bool
     steps: list[dict[str, Any]] = field(default_factory=list)  # greedy: kept count -> search SNR / pass
     spread: bool = False  # no layer ranked worst mattered alone: nothing to keep (the error is everywhere)
+    spread_why: str = ""  # what was measured to say so
     shown: bool = True  # the search samples showed the failure (all-INT8 failed their checks)
 
     def to_json(self) -> dict[str, Any]:
@@ -188,7 +189,7 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             alone += f", {together}"
         log(f"{alone}: the error is spread over the model, not in a few layers; scan stopped")
         return Outcome([], measured, base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
-                       spread=True)
+                       spread=True, spread_why=alone)
 
     def fewest(measured: list[Layer], lo: int, hi: int, limit: int) -> Outcome:
         """The smallest k in [lo, hi] whose k ranked worst pass the search checks (hi passes), by bisection."""
@@ -360,10 +361,9 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
 
     outcome = keep_fewest(search, passes, log=log)
     if outcome.spread:
-        msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (each of the "
-               f"{len(outcome.scanned)} layers ranked worst gains less than {MIN_GAIN_DB} dB of output SNR kept alone "
-               f"at higher precision; all-INT8: {outcome.snr_db_before:.1f} dB on the calibration samples): the error "
-               "is spread over the model; choose --precision fp16 (or fp32), or fine-tune with `edgekit finetune`")
+        msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (kept at higher "
+               f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the calibration samples): the "
+               "error is spread over the model; choose --precision fp16 (or fp32), or fine-tune with `edgekit finetune`")
         warn(msg)
         checked.verification.failures.insert(0, msg)  # the verdict first: the zoo table shows 400 characters
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,

@@ -433,6 +433,7 @@ def test_sigmoid_scores_concatenated_with_boxes_run_on_the_builtin_kernels(tmp_p
                   calib=str(tmp_path / "calib.npz"), eval_data=str(tmp_path / "calib.npz"), cache=False)
     art = res.manifest["artifact"]
     assert art["full_integer"] is True and art["op_counts"].get("RELU") == 2, art["op_counts"]
+    assert art["builtin_kernels"] == "load", art["builtin_kernels"]  # checked at every build, said when refused
     assert res.verification.passed, res.verification.failures
     outs, x = [], None
     for resolver in (OpResolverType.AUTO, OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES):
@@ -446,6 +447,16 @@ def test_sigmoid_scores_concatenated_with_boxes_run_on_the_builtin_kernels(tmp_p
         it.invoke()
         outs.append(it.get_tensor(it.get_output_details()[0]["index"]).astype(np.int32))
     assert np.abs(outs[0] - outs[1]).max() <= 1, np.abs(outs[0] - outs[1]).max()
+    # the check itself: the same model with a LOGISTIC writing at another scale (what sharing the concatenation's
+    # scale gave) is named as refused by the builtin kernels
+    from edgekit.converters.tflite import _builtin_refusal
+    from edgekit.tflite_graph import TFLiteGraph
+
+    g = TFLiteGraph(res.out_dir / "model.tflite")
+    out = next(o[0] for name, _, o in g.operators() if name == "LOGISTIC")
+    g.sg.tensors[out].quantization.scale = [0.01]
+    g.save(tmp_path / "bad.tflite")
+    assert "LOGISTIC" in (_builtin_refusal(tmp_path / "bad.tflite") or ""), _builtin_refusal(tmp_path / "bad.tflite")
 
 
 class IntScale(nn.Module):
