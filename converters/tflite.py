@@ -409,8 +409,9 @@ class TFLiteConverter:
         refused = _builtin_refusal(dest)
         meta["builtin_kernels"] = refused or "load"
         if refused:  # host verification runs XNNPACK, which may take what TFLite's own kernels check and refuse
-            job.warn(f"{PRIMARY} runs on XNNPACK (host verification) but TFLite's builtin kernels refuse it ({refused}): "
-                     "it fails to load where an op falls back to them (GPU / NNAPI delegates, no XNNPACK)")
+            job.warn(f"{PRIMARY} runs on XNNPACK (host verification) but TFLite's builtin kernels refuse it "
+                     f"({refused}): it fails to load where an op falls back to them (GPU / NNAPI delegates, no "
+                     "XNNPACK)")
             notes.append(f"TFLite's builtin kernels refuse this model: {refused}")
         if job.precision == "int8":
             meta["full_integer"] = not rep["float_ops"]

@@ -63,12 +63,6 @@ def _ops():
 REQUANTIZE = "edgekit_requantize"
 
 
-def _non_negative_fixed() -> set:
-    torch = require("torch")
-    a = torch.ops.aten
-    return {a.softmax.int, a._softmax.default, a.sigmoid.default}
-
-
 def _compare_ops():
     """Comparisons (bool out): TFLite's GREATER / GREATER_EQUAL / LESS / LESS_EQUAL take int8 inputs (each
     rescaled), so only their inputs are annotated; ``where`` is SELECT_V2, whose int8 kernel copies values and
@@ -86,7 +80,7 @@ def transform(gm: Any) -> int:
     torch = require("torch")
     a = torch.ops.aten
     n_done = 0
-    non_negative = _non_negative_fixed()
+    non_negative = {op for op, (_, zero) in _ops()[2].items() if zero == -128}  # outputs in [0, 1): 1/256 at -128
     _float_constants(gm)
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
@@ -225,7 +219,7 @@ def annotate(gm: Any, cfg: Any) -> int:
     n_done = 0
     for node in gm.graph.nodes:
         ann = node.meta.get("quantization_annotation")
-        if node.meta.get(REQUANTIZE) and not (ann is not None and ann._annotated and not ann.input_qspec_map):
+        if node.meta.get(REQUANTIZE):  # (a kept-float one is marked float again after annotate, as every kept node)
             # transform()'s RELU: its input at the producer's fixed scale, its output at the concatenation's
             x = node.args[0]
             node.meta["quantization_annotation"] = QuantizationAnnotation(

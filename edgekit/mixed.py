@@ -170,42 +170,46 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
         if base_ok or not all((x.gain_db or 0) < MIN_GAIN_DB for x in measured):
             return None
         alone = f"the {len(measured)} layers ranked worst each gain less than {MIN_GAIN_DB} dB kept alone"
-        group = ranked[:max_kept]
-        limit = max(len(group), int(MAX_KEPT_SHARE * len(ranked)))
-        if time.perf_counter() - t0 <= budget_s and len(group) > len(measured):
-            g_snr, g_ok = score([x.name for x in group])
-            together = f"the {len(group)} ranked worst together {g_snr - base:+.1f} dB"
-            if g_ok or g_snr - base >= GROUP_MIN_GAIN_DB:
-                if g_ok:
-                    log(f"{alone}, {together} and pass: searching the fewest of them in rank order")
-                    return fewest(measured, 2, len(group), limit)
-                if time.perf_counter() - t0 <= budget_s:
-                    snr, ok = score([x.name for x in ranked[:limit]])
-                    if ok:
-                        log(f"{alone}, {together}, the {limit} ranked worst ({MAX_KEPT_SHARE:.0%}) pass: searching the "
-                            "fewest of them in rank order")
-                        return fewest(measured, len(group) + 1, limit, limit)
-                    together += f", the {limit} ranked worst ({MAX_KEPT_SHARE:.0%}) fail ({snr - base:+.1f} dB)"
+        group = min(max_kept, len(ranked))
+        limit = max(group, int(MAX_KEPT_SHARE * len(ranked)))
+        if time.perf_counter() - t0 <= budget_s and group > len(measured):
+            g_snr, g_ok = prefix(group)
+            together = f"the {group} ranked worst together {g_snr - base:+.1f} dB"
+            if g_ok:
+                log(f"{alone}, {together} and pass: searching the fewest of them in rank order")
+                return fewest(measured, 2, group)
+            if g_snr - base >= GROUP_MIN_GAIN_DB and time.perf_counter() - t0 <= budget_s:
+                snr, ok = prefix(limit)
+                if ok:
+                    log(f"{alone}, {together}, the {limit} ranked worst ({MAX_KEPT_SHARE:.0%}) pass: searching the "
+                        "fewest of them in rank order")
+                    return fewest(measured, group + 1, limit)
+                together += f", the {limit} ranked worst ({MAX_KEPT_SHARE:.0%}) fail ({snr - base:+.1f} dB)"
             alone += f", {together}"
         log(f"{alone}: the error is spread over the model, not in a few layers; scan stopped")
         return Outcome([], measured, base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
                        spread=True, spread_why=alone)
 
-    def fewest(measured: list[Layer], lo: int, hi: int, limit: int) -> Outcome:
+    def prefix(k: int) -> tuple[float, bool]:
+        """The k ranked worst kept: output SNR, search checks pass; recorded as a step."""
+        snr, ok = score([x.name for x in ranked[:k]])
+        prefixes[k] = {"kept": k, "snr_db": snr, "passed": ok}
+        return snr, ok
+
+    def fewest(measured: list[Layer], lo: int, hi: int) -> Outcome:
         """The smallest k in [lo, hi] whose k ranked worst pass the search checks (hi passes), by bisection."""
         while lo < hi and time.perf_counter() - t0 <= budget_s:
             mid = (lo + hi) // 2
-            if score([x.name for x in ranked[:mid]])[1]:
+            if prefix(mid)[1]:
                 hi = mid
             else:
                 lo = mid + 1
-        kept = ranked[:hi]
-        snr = score([x.name for x in kept])[0]  # measured (cached)
-        prefixes = {tuple(sorted(x.name for x in ranked[:n])): n for n in range(2, limit + 1)}
-        steps = sorted(({"kept": prefixes[k], "snr_db": v[0], "passed": v[1]} for k, v in cache.items() if k in prefixes),
-                       key=lambda st: st["kept"])
+        snr = prefixes[hi]["snr_db"]
         log(f"{hi} layer(s) kept, the {hi} ranked worst: output SNR {snr:.1f} dB, search checks pass")
-        return Outcome(kept, measured, base, snr, builds, time.perf_counter() - t0, search.keeps_as, True, steps)
+        return Outcome(ranked[:hi], measured, base, snr, builds, time.perf_counter() - t0, search.keeps_as, True,
+                       [prefixes[k] for k in sorted(prefixes)])
+
+    prefixes: dict[int, dict[str, Any]] = {}  # spread's search: kept count -> its step
 
     base, base_ok = score([])
     ranked = sorted(search.layers, key=lambda lay: lay.local_sqnr_db)
@@ -297,6 +301,11 @@ def summary(outcome: Outcome) -> list[str]:
     return lines
 
 
+def _first(failures: list[str]) -> str:
+    """The first verification failure, and how many more."""
+    return failures[0] + (f" and {len(failures) - 1} more" if len(failures) > 1 else "")
+
+
 def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
              reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
              extra_steps: int = 4) -> tuple[Any, Any]:
@@ -310,8 +319,8 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
         return _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
     options, what = group
     before = list(checked.verification.failures)
-    warn(f"INT8 failed verification ({before[0]}{f' and {len(before) - 1} more' if len(before) > 1 else ''}): "
-         f"building it again with {what} first (--strict fails instead)")
+    warn(f"INT8 failed verification ({_first(before)}): building it again with {what} first (--strict fails "
+         "instead)")
     job.options = {**job.options, **options}  # the layer search below and its rebuilds keep the group too
     t0 = time.perf_counter()
     artifact = conv.convert(job)
@@ -349,8 +358,8 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
         artifact.meta["mixed_precision"] = {"searched": False, "reason": why, "int8_verification_failures": before,
                                             "passed_after": False}
         return artifact, checked
-    warn(f"INT8 failed verification ({before[0]}{f' and {len(before) - 1} more' if len(before) > 1 else ''}): "
-         "searching for the layers that cause it (--strict fails instead)")
+    warn(f"INT8 failed verification ({_first(before)}): searching for the layers that cause it (--strict fails "
+         "instead)")
     search = conv.mixed_search(job, artifact)
     names = [s.name for s in job.model.outputs]
     tol_d = tol.model_dump()
@@ -362,8 +371,9 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
     outcome = keep_fewest(search, passes, log=log)
     if outcome.spread:
         msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (kept at higher "
-               f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the calibration samples): the "
-               "error is spread over the model; choose --precision fp16 (or fp32), or fine-tune with `edgekit finetune`")
+               f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the "
+               "calibration samples): the error is spread over the model; choose --precision fp16 (or fp32), or "
+               "fine-tune with `edgekit finetune`")
         warn(msg)
         checked.verification.failures.insert(0, msg)  # the verdict first: the zoo table shows 400 characters
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,

@@ -97,11 +97,12 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
     group = mp.get("group")  # the converter's first step: a group of layers (android's int8 LSTMs) kept float
     lines += ["", "## Mixed precision", ""]
     if group:
-        lines += [failed + f"Built again with {group['kept']} ({group['seconds']:.1f} s): re-verification "
-                  + ("**passed**." if group["passed"] else f"still failed ({'; '.join(group['failures'])}), so its "
-                     "layers were searched."), ""]
+        lines.append(failed + f"Built again with {group['kept']} ({group['seconds']:.1f} s): re-verification "
+                     + ("**passed**." if group["passed"] else f"still failed ({'; '.join(group['failures'])}), so "
+                        "its layers were searched."))
         if "scanned" not in mp:
-            return lines[:-1]
+            return lines
+        lines.append("")
         failed = ""
     shown = mp.get("shown", bool(mp["scanned"]))  # a record without it: an empty scan meant the samples passed
     if not shown and not mp["kept"]:
@@ -112,8 +113,8 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
                " All-INT8 passes the checks on these samples, so layers were kept by the output SNR they gain there "
                "and each set re-verified on the golden samples.")
     lines += [failed + f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, "
-              f"{mp['seconds']:.1f} s): output SNR {mp['snr_db_before']:.1f} dB all-INT8 → {mp['snr_db_after']:.1f} dB "
-              f"with {len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
+              f"{mp['seconds']:.1f} s): output SNR {mp['snr_db_before']:.1f} dB all-INT8 → "
+              f"{mp['snr_db_after']:.1f} dB with {len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
               f"**{'passed' if mp['passed_after'] else 'FAILED'}** (the table above).", "",
               "| layer | op | local INT8 SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
               "|---|---|---|---|---|---|"]

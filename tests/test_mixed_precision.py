@@ -114,6 +114,21 @@ def test_android_int8_failure_keeps_the_head_float(digits, tmp_path):
     assert art["op_counts"]["CONV_2D"] == 2  # the convolutions stay int8
 
 
+def _noise_model(seed: int, noise: dict[str, float], scale: float = 1.0):
+    """A stand-in search's outputs: a reference output, and ``outputs(kept)`` that moves it by the errors of the
+    layers in ``noise`` not kept (layer -> its error, all in one direction, summed exactly)."""
+    import math
+
+    import numpy as np
+
+    ref = [np.random.default_rng(seed).normal(size=(16, 10)) * scale]
+
+    def outputs(kept):
+        return [ref[0] + math.fsum(v for k, v in noise.items() if k not in kept) * np.sign(ref[0])]
+
+    return ref, outputs
+
+
 def test_search_keeps_the_fewest_layers_it_measured():
     """edgekit.mixed.keep_fewest on a known error budget: layer 'a' alone breaks the output, 'b' adds a little
     noise, 'c' none; only 'a' is kept. Where the search samples already pass all-INT8, they still measure which layer
@@ -122,12 +137,8 @@ def test_search_keeps_the_fewest_layers_it_measured():
 
     from edgekit.mixed import Layer, Search, keep_fewest
 
-    rng = np.random.default_rng(0)
-    ref = [rng.normal(size=(16, 10))]
     noise = {"a": 0.5, "b": 0.02, "c": 0.0}
-
-    def outputs(kept):
-        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+    ref, outputs = _noise_model(0, noise)  # reads ``noise`` at each build: changed below
 
     def passes(got):
         return float(np.max(np.abs(got[0] - ref[0]))) < 0.1
@@ -171,17 +182,11 @@ def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
     is a stand-in (its builds are the noise model below); the loop under test is edgekit's."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from edgekit.errors import ConversionError
     from edgekit.mixed import Layer, Search
 
-    rng = np.random.default_rng(0)
-    ref = [rng.normal(size=(16, 10)) * 3]
-    noise = {"a": 0.5, "c": 0.04, "b": 0.03}  # the search samples pass once 'a' is kept; the golden ones need 'b'
-
-    def outputs(kept):
-        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+    # the search samples pass once 'a' is kept; the golden ones need 'b'
+    ref, outputs = _noise_model(0, {"a": 0.5, "c": 0.04, "b": 0.03}, scale=3)
 
     class StandInConverter:
         def mixed_search(self, job, artifact):
@@ -207,16 +212,10 @@ def test_a_group_that_does_not_pass_is_kept_while_its_layers_are_searched(tmp_pa
     options), and the record says both steps. The passing case runs on a real LSTM in test_android_int8_ops.py."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from edgekit.mixed import Layer, Search
 
-    rng = np.random.default_rng(2)
-    ref = [rng.normal(size=(16, 10)) * 3]
+    ref, outputs = _noise_model(2, {"b": 0.5}, scale=3)  # the search samples pass once 'b' is kept
     seen = []
-
-    def outputs(kept):  # the search samples pass once 'b' is kept
-        return [ref[0] + (0.0 if "b" in kept else 0.5) * np.sign(ref[0])]
 
     class StandInConverter:
         def float_group(self, job, artifact):
@@ -252,17 +251,10 @@ def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp
     last layer, instead of leaving the plain INT8 build failed untried."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from edgekit.errors import ConversionError
     from edgekit.mixed import Layer, Search
 
-    rng = np.random.default_rng(1)
-    ref = [rng.normal(size=(16, 10)) * 3]
-    noise = {"a": 1.0, "d": 0.5}  # the search samples need both kept (tolerance ~0.3)
-
-    def outputs(kept):
-        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+    ref, outputs = _noise_model(1, {"a": 1.0, "d": 0.5}, scale=3)  # the search samples need both kept (tol ~0.3)
 
     tried = []
 
@@ -412,12 +404,8 @@ def test_a_spread_error_is_said_and_nothing_is_kept(monkeypatch):
 
     from edgekit.mixed import SPREAD_AFTER, Layer, Search, keep_fewest
 
-    rng = np.random.default_rng(0)
-    ref = [rng.normal(size=(16, 10))]
     names = [f"l{i}" for i in range(60)]  # each 1/60 of the error: keeping one gains 0.15 dB
-
-    def outputs(kept):
-        return [ref[0] + 0.01 * sum(1 for n in names if n not in kept) * np.sign(ref[0])]
+    ref, outputs = _noise_model(0, dict.fromkeys(names, 0.01))
 
     out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], outputs, ref, "float"),
                       lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1)
@@ -449,15 +437,10 @@ def test_an_error_spread_over_the_worst_ranked_layers_keeps_the_fewest_of_them()
 
     from edgekit.mixed import Layer, Search, keep_fewest
 
-    rng = np.random.default_rng(0)
-    ref = [rng.normal(size=(16, 10))]
     heavy = [f"h{i}" for i in range(40)]
     light = [f"l{i}" for i in range(20)]
     layers = [Layer(n, "Conv", 20.0 + 0.1 * i) for i, n in enumerate(heavy)] + [Layer(n, "Conv", 40.0) for n in light]
-
-    def outputs(kept):
-        err = 0.01 * sum(n not in kept for n in heavy) + 0.002 * sum(n not in kept for n in light)
-        return [ref[0] + err * np.sign(ref[0])]
+    ref, outputs = _noise_model(0, {**dict.fromkeys(heavy, 0.01), **dict.fromkeys(light, 0.002)})
 
     logged = []
     out = keep_fewest(Search(layers, outputs, ref, "float"),
@@ -580,17 +563,11 @@ def test_where_only_the_golden_samples_fail_the_layer_that_gains_most_is_kept(tm
     says how the layers were chosen."""
     from types import SimpleNamespace
 
-    import numpy as np
-
     from edgekit.mixed import Layer, Search
     from edgekit.report_md import _mixed_precision
 
-    rng = np.random.default_rng(2)
-    ref = [rng.normal(size=(16, 10)) * 3]
-    noise = {"a": 0.03, "b": 0.002, "c": 0.0}  # within the search checks (tolerance ~0.35) all-INT8
-
-    def outputs(kept):
-        return [ref[0] + sum(v * np.sign(ref[0]) for k, v in noise.items() if k not in kept)]
+    # within the search checks (tolerance ~0.35) all-INT8
+    ref, outputs = _noise_model(2, {"a": 0.03, "b": 0.002, "c": 0.0}, scale=3)
 
     class StandInConverter:
         def mixed_search(self, job, artifact):
