@@ -8,8 +8,11 @@ the time each build took, for
     (c) PTQ + mixed       (b), and where it fails verification the fewest layers kept at higher precision; on
                           the zoo's classifiers (no labels) verified against >= 99% agreement with float (issue
                           15's bar), fer-keras on android through tf2onnx -> PT2E (--option keras=onnx)
-    (d) after finetune    edgekit.finetune (distillation with INT8 fake quantization, 10 epochs on --calib), then
-                          (c) on the fine-tuned weights (torch models, and ONNX through the onnx2torch bridge)
+    (d) after finetune    edgekit.finetune (distillation with INT8 fake quantization, 10 epochs on --calib, less
+                          the samples convert holds out to check on where --eval is the same file), then (c) on the
+                          fine-tuned weights (torch models, and ONNX through the onnx2torch bridge); agreement "with
+                          the original" is with the float model fine-tuned from (a file: the zoo's, the digits .pt2),
+                          else with the fine-tuned float weights (a factory: no code from a record is run)
 
 on the digits example, the MobileNetV2-shaped net (bench/android_nets.py, trained on digits), the digits
 network with an INT8-fragile head (tests/support/plan_nets.py) and the zoo's image classifiers (ppocr-cls and
@@ -80,11 +83,34 @@ def build(spec: dict, target: str, out: Path, options: dict, strict: bool, toler
     except EdgekitError as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
     v, art = res.verification, res.manifest["artifact"]
-    agree = [a["top1_agreement"] for a in v.eval_agreement.values() if "top1_agreement" in a]
+    # a fine-tuned model (d): agreement with the float model it came from, not with its own fine-tuned float weights
+    against = (v.against_original or {}).get("outputs") or v.eval_agreement
+    agree = [a["top1_agreement"] for a in against.values() if "top1_agreement" in a]
     return {"passed": v.passed, "float": v.float_accuracy, "int8": v.converted_accuracy,
             "agree": agree[0] if agree else None, "method": art["quantization"].get("calibration_method"),
             "kept": len((art.get("mixed_precision") or {}).get("kept") or []),
-            "seconds": time.perf_counter() - t0}
+            "vs_original": v.against_original is not None, "seconds": time.perf_counter() - t0}
+
+
+def training_part(spec: dict, work: Path) -> str:
+    """What (d) fine-tunes on: --calib, less the samples convert holds out of it to check on when --eval is the same
+    file (golden and eval samples): the agreement (d) reports is then on samples the fine-tuning never saw."""
+    if spec["calib"] != spec["eval"]:
+        return spec["calib"]
+    import numpy as np
+
+    from edgekit.data import LABEL_KEYS, draw
+    from edgekit.stages import GOLDEN_DEFAULT, GOLDEN_SEED, held_out
+
+    with np.load(spec["calib"]) as z:
+        arrays = {k: z[k] for k in z.files}
+    labels = next((arrays.pop(k) for k in LABEL_KEYS if k in arrays), None)  # convert stratifies by them
+    n = len(next(iter(arrays.values())))
+    held = held_out(n, labels, draw(n, GOLDEN_DEFAULT, labels, seed=GOLDEN_SEED))
+    rest = np.setdiff1d(np.arange(n), held)
+    path = work / f"{Path(spec['calib']).stem}-training.npz"
+    np.savez(path, **{k: v[rest] for k, v in arrays.items()})
+    return str(path)
 
 
 def tuned(spec: dict, target: str, work: Path) -> dict:
@@ -94,7 +120,7 @@ def tuned(spec: dict, target: str, work: Path) -> dict:
 
     t0 = time.perf_counter()
     try:
-        ft = finetune(spec["model"], spec["calib"], work / f"ft-{target}.pt2", target=target, epochs=10,
+        ft = finetune(spec["model"], training_part(spec, work), work / f"ft-{target}.pt2", target=target, epochs=10,
                       input_shape=spec.get("input_shape"))
     except EdgekitError as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
@@ -114,7 +140,8 @@ def cell(r: dict, kept: bool = False) -> str:
         return r["error"] if r["error"].startswith("not run") else f"error ({r['error'][:60]}) {r['seconds']:.0f} s"
     acc = f"{pct(r['int8'])} / " if r["int8"] is not None else ""
     extra = f", {r['kept']} kept" if kept else ""
-    return (f"{acc}{pct(r['agree'])}% agree, {r['method']}{extra}, "
+    vs = " with the original" if r.get("vs_original") else ""
+    return (f"{acc}{pct(r['agree'])}% agree{vs}, {r['method']}{extra}, "
             f"{'pass' if r['passed'] else 'FAIL'}, {r['seconds']:.0f} s")
 
 

@@ -609,7 +609,10 @@ def finetune(
                     checkpoints.append(_save_checkpoint(ckpt_dir, step, student, opt, sched, scaler, recipe))
         seconds = time.perf_counter() - t0
         loss_after, agree_after = losses(student, feature_weight > 0)
-        record = {"finetuned_from": {"path": m.source, "sha256": m.sha256},
+        origin = {"path": m.source, "sha256": m.sha256}
+        if Path(m.source).is_file():  # convert finds it from another folder too, to measure against it
+            origin["abspath"] = str(Path(m.source).resolve())
+        record = {"finetuned_from": origin, "data_samples": sample_digests(ds, m),
                   "recipe": {**recipe, "steps": total, "world_size": world, "amp": amp_kind, "output_kinds": kinds_by_name,
                              "loss": ("KL(T={:g}) on class outputs, MSE on others".format(temperature)
                                       + (f", + {feature_weight:g} x feature MSE" if feature_weight else ""))},
@@ -739,6 +742,24 @@ def _digest(ds: Dataset, model: Model) -> str:
     for s in model.inputs:
         h.update(np.ascontiguousarray(ds.inputs[s.name]).tobytes())
     return h.hexdigest()
+
+
+SAMPLE_DIGESTS_MAX = 100_000  # 17 bytes each in the record; convert's held-out check reads them
+
+
+def sample_digests(ds: Dataset, model: Model) -> list[str]:
+    """Each sample's fingerprint (the first 16 hex digits of the sha256 of its input arrays, in the model's input
+    order): convert tells from the record's list whether its eval samples were among the fine-tuning data."""
+    import hashlib
+
+    arrays = [np.ascontiguousarray(ds.inputs[s.name], dtype=s.dtype) for s in model.inputs]
+    out = []
+    for i in range(min(len(ds), SAMPLE_DIGESTS_MAX)):
+        h = hashlib.sha256()
+        for a in arrays:
+            h.update(a[i].tobytes())
+        out.append(h.hexdigest()[:16])
+    return out
 
 
 def read_record(path: str | Path) -> dict[str, Any] | None:

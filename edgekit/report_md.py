@@ -140,6 +140,7 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
            "reference is onnxruntime on the prepared graph"] if man["source_model"].get("bridge") else []),
         *([f"- fine-tuned (edgekit finetune, {ft['recipe']['target']} INT8 in the loop) from `{ft['path']}` "
            f"(sha256 {ft['sha256'][:12]}…)"] if (ft := man["source_model"].get("finetuned_from")) else []),
+        *([f"- measured {ao['summary']}"] if (ao := v.get("against_original")) else []),
         f"- target: **{man['target']}** ({man['format']}), precision **{man['precision']}**",
         f"- board: **{man['board']['id']}** — {man['board']['description']}",
         f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`"

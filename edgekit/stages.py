@@ -233,6 +233,13 @@ def plan(ing: Ingested, an: Analysis, target: Target, board: Board, precision: s
     return Planned(precision, chosen, plan_section(an.stats, board, precision, chosen))
 
 
+def held_out(n: int, labels: np.ndarray | None, golden: np.ndarray) -> np.ndarray:
+    """The samples of a file that is both --calib and --eval which only check, never calibrate: the golden ones
+    and a quarter of the file (at least as many as the golden ones), sorted. bench/accuracy.py fine-tunes on the
+    rest, so the agreement it reports is held out of training too."""
+    return np.union1d(golden, draw(n, max(len(golden), n // 4), labels, seed=GOLDEN_SEED + 1))
+
+
 def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str], None],
              output_kinds: dict[str, str] | None = None, eval_output: str | None = None) -> Compression:
     """compress: what every converter needs before it quantizes: calibration data for INT8 (real, or random
@@ -252,7 +259,7 @@ def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[
         # one file for calibration and checking: the checked samples never calibrate
         held = idx
         if eval_ds is not None:  # --eval is the --calib file: a quarter of it (at least the golden set) is held out
-            held = np.union1d(idx, draw(len(src), max(len(idx), len(src) // 4), src.labels, seed=GOLDEN_SEED + 1))
+            held = held_out(len(src), src.labels, idx)
             eval_ds = src.subset(held)
             idx = np.searchsorted(held, idx)
             record["indices_in"] = "the held-out eval samples"
@@ -307,7 +314,96 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
         return Checked(v, gin, ref)
     v, gin, gout = verify_outputs(m, m.reference(), runner, comp.golden, len(comp.golden), tol, runtime, precision,
                                   comp.eval, comp.kinds, comp.eval_output)
+    if m.kind == "exported_program":
+        _against_original(m, runner, comp, tol, precision, v)
     return Checked(v, gin, gout)
+
+
+_ORIGINALS: dict[tuple[str, str], Model] = {}  # a mixed-precision search verifies each rebuild: load it once
+_ORIGINAL_METRICS = ("top1_agreement", "disagreements", "snr_db", "cosine", "iou", "text_agreement", "cer",
+                     "max_rel_error")
+
+
+def _against_original(m: Model, runner: Runner, comp: Compression, tol: Tolerance, precision: str,
+                      v: Verification) -> None:
+    """A ``.pt2`` that `edgekit finetune` wrote is verified against its own fine-tuned float weights; the model the
+    user means to ship is the float model it came from. So the converted model is measured against that one too,
+    on the eval (else golden) samples, reported in ``v.against_original`` and a note, not gating. The record's
+    sample fingerprints tell which of those samples the fine-tuning trained on (then the agreement is not held
+    out). Only a ``.pt2`` / ``.onnx`` file at the recorded path with the recorded sha256 is read: a record in a
+    file names no code to run."""
+    from edgekit.finetune import read_record, sample_digests
+    from edgekit.verify import output_checks, run_pair
+
+    rec = read_record(m.source)
+    if not rec or not isinstance(rec.get("finetuned_from"), dict):
+        return
+    data, what = (comp.eval, "eval") if comp.eval is not None else (comp.golden, "golden")
+    seen = set(rec.get("data_samples") or ())
+    trained_on = sum(d in seen for d in sample_digests(data, m)) if seen else 0
+    if trained_on:
+        v.notes.append(f"{trained_on} of the {len(data)} {what} samples were among the samples edgekit finetune "
+                       "trained on: agreement on them is not held out; give --eval samples it did not see")
+    origin = rec["finetuned_from"]
+    orig, why = _original(origin, m)
+    if orig is None:
+        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {why}")
+        return
+    if len(orig.inputs) != len(m.inputs) or len(orig.outputs) != len(m.outputs):
+        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {orig.source} has "
+                       f"{len(orig.inputs)} input(s) and {len(orig.outputs)} output(s), this model "
+                       f"{len(m.inputs)} and {len(m.outputs)}")
+        return
+    run_orig, names = orig.reference(), [s.name for s in orig.inputs]
+
+    def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:  # the inputs by position: names may differ
+        return run_orig({n: feeds[s.name] for n, s in zip(names, m.inputs, strict=True)})
+
+    try:
+        ref, got, _ = run_pair(reference, runner, list(data.batches(m)))
+    except Exception as exc:  # noqa: BLE001 - the original's runtime raises its own types
+        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {orig.source} does "
+                       f"not run on these inputs ({type(exc).__name__}: {str(exc)[:160]})")
+        return
+    smoke, tol_d, outputs = output_checks(), tol.model_dump(), {}
+    for spec, r, g in zip(m.outputs, ref, got, strict=True):
+        c = smoke.check_output(spec.name, comp.kinds[spec.name], r, g, tol_d, precision)
+        outputs[spec.name] = {k: float(c[k]) for k in _ORIGINAL_METRICS if c.get(k) is not None and np.isfinite(c[k])}
+    n = len(ref[0])
+    said = []
+    for name, o in outputs.items():
+        if "top1_agreement" in o:
+            said.append(f"output {name!r}: top-1 agrees on {o['top1_agreement']:.1%}")
+        elif "snr_db" in o:
+            said.append(f"output {name!r}: SNR {o['snr_db']:.1f} dB")
+    summary = (f"against the float model it was fine-tuned from ({orig.source}), on {n} {what} samples: "
+               + ("; ".join(said) or "no decision or SNR to compare")
+               + (f" ({trained_on} of them seen in fine-tuning)" if trained_on else ""))
+    v.notes.append(summary)
+    v.against_original = {"model": orig.source, "sha256": orig.sha256, "samples": n, "from": what,
+                          "trained_on": trained_on, "outputs": outputs, "summary": summary}
+
+
+def _original(origin: dict[str, Any], m: Model) -> tuple[Model | None, str]:
+    """The float model a fine-tuned ``.pt2`` came from, found at its recorded path (absolute, else as written) and
+    checked by sha256; (None, why) where it is not there, not a model file, or changed."""
+    sha = str(origin.get("sha256") or "")
+    paths = [Path(str(p)) for p in (origin.get("abspath"), origin.get("path")) if p]
+    found = next((p for p in paths if p.suffix in (".pt2", ".onnx") and p.is_file()), None)
+    if found is None:
+        return None, (f"{origin.get('path')} is not there (or not a .pt2 / .onnx file); keep it beside, or convert "
+                      "the float model for the comparison")
+    key = (str(found.resolve()), sha)
+    if key not in _ORIGINALS:
+        now = sha256_file(found)
+        if now != sha:
+            return None, f"{found} changed since fine-tuning (sha256 {now[:12]}…, recorded {sha[:12]}…)"
+        shapes = None if found.suffix == ".pt2" else [",".join(map(str, s.shape)) for s in m.inputs]
+        try:
+            _ORIGINALS[key] = load_model(found, shapes)
+        except Exception as exc:  # noqa: BLE001 - a model that no longer loads is reported, not raised
+            return None, f"{found} does not load ({type(exc).__name__}: {str(exc)[:160]})"
+    return _ORIGINALS[key], ""
 
 
 def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,

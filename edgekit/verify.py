@@ -56,6 +56,8 @@ class Verification:
     # agreement with the float model on the held-out eval samples, per output (reported, not gating): its kind's
     # metrics (class: top1_agreement; regression / mask: snr_db, cosine, iou ...) and max_rel_error
     eval_agreement: dict[str, dict[str, float]] = field(default_factory=dict)
+    # a model `edgekit finetune` wrote: the same metrics against the float model it was fine-tuned from (reported)
+    against_original: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:

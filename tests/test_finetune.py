@@ -55,7 +55,7 @@ def _int8_vs_float(digits, model_path, out_dir):
     logp = lambda a: torch.log_softmax(torch.from_numpy(a).double(), 1)  # noqa: E731
     kl = float(torch.nn.functional.kl_div(logp(q), logp(fl), log_target=True, reduction="batchmean"))
     return {"agree": float(np.mean(q.argmax(1) == fl.argmax(1))), "acc": float(np.mean(q.argmax(1) == y)),
-            "kl": kl, "n": len(x), "manifest": res.manifest}
+            "kl": kl, "n": len(x), "manifest": res.manifest, "verification": res.verification}
 
 
 def test_finetune_brings_int8_closer_to_float_after_convert(digits, tuned, tmp_path):
@@ -70,6 +70,56 @@ def test_finetune_brings_int8_closer_to_float_after_convert(digits, tuned, tmp_p
     assert ft["agree"] >= 0.99
     # the build records where the weights came from
     assert ft["manifest"]["source_model"]["finetuned_from"]["sha256"] == tuned.record["finetuned_from"]["sha256"]
+    # and is measured against that float model too; with no --eval its golden samples come from --calib, which is
+    # what finetune trained on: convert says so
+    against = ft["verification"].against_original
+    assert against["from"] == "golden" and against["samples"] == 64 and against["trained_on"] == 64
+    assert any("64 of the 64 golden samples were among the samples edgekit finetune trained on" in n
+               for n in ft["verification"].notes)
+    assert plain["verification"].against_original is None  # a model finetune did not write
+
+
+def test_convert_measures_a_finetuned_model_against_its_original_float(digits, tuned, tmp_path):
+    """A fine-tuned .pt2 is verified against its own float weights; convert also measures it against the float
+    model it came from (found by the record's path and sha256) on the held-out --eval samples, none of which the
+    fine-tuning saw. fp32 here: the build runs the fine-tuned weights, so its top-1 agreement with the original is
+    that of the two float models, computed here in torch."""
+    from edgekit.ingest import load_model
+    from edgekit.pipeline import convert
+
+    res = convert(str(tuned.out), target="jetson", out=tmp_path / "fp32", precision="fp32",
+                  calib=str(digits["calib"]), eval_data=str(digits["eval"]), fail_on_verification=False)
+    against = res.verification.against_original
+    x = np.load(digits["eval"])["image"]
+    orig, ft = load_model(digits["model"]).reference(), load_model(tuned.out).reference()
+    orig, ft = (np.concatenate([r({"image": x[i:i + 1]})[0] for i in range(len(x))]) for r in (orig, ft))
+    assert against["from"] == "eval" and against["samples"] == len(x) and against["trained_on"] == 0
+    assert against["sha256"] == tuned.record["finetuned_from"]["sha256"]
+    assert against["outputs"]["output"]["top1_agreement"] == pytest.approx(np.mean(orig.argmax(1) == ft.argmax(1)),
+                                                                            abs=1.5 / len(x))
+    assert any(n.startswith("against the float model it was fine-tuned from") for n in res.verification.notes)
+    assert res.manifest["verification"]["against_original"]["samples"] == len(x)
+    assert "- measured against the float model it was fine-tuned from" in (res.out_dir / "report.md").read_text()
+
+
+def test_an_original_that_changed_or_went_is_named_not_measured(digits, tmp_path):
+    """The record names the original by path and sha256: a file that changed since (or is gone) is not measured,
+    and the note says which."""
+    from edgekit.pipeline import convert
+
+    orig = tmp_path / "orig.pt2"
+    orig.write_bytes(digits["model"].read_bytes())
+    tuned = finetune(str(orig), digits["calib"], tmp_path / "ft.pt2", target="jetson", epochs=1)
+    with orig.open("ab") as fh:
+        fh.write(b"\0")
+    kw = dict(target="jetson", precision="fp32", calib=str(digits["calib"]), eval_data=str(digits["eval"]),
+              fail_on_verification=False, cache=False)  # a cache hit would replay the first build's notes
+    res = convert(str(tuned.out), out=tmp_path / "changed", **kw)
+    assert res.verification.against_original is None
+    assert any("changed since fine-tuning" in n for n in res.verification.notes), res.verification.notes
+    orig.unlink()
+    res = convert(str(tuned.out), out=tmp_path / "gone", **kw)
+    assert any("is not there" in n for n in res.verification.notes), res.verification.notes
 
 
 def test_output_is_a_pt2_with_its_recipe(tuned, digits):

@@ -77,6 +77,8 @@ def convert(
         lo, hi = v.converted_accuracy_ci95 or (0.0, 1.0)
         console.print(f"accuracy ({v.eval_samples} samples): float {v.float_accuracy:.2%} → "
                       f"{man['precision']} {v.converted_accuracy:.2%} (95% CI {lo:.1%}–{hi:.1%})")
+    if v.against_original:  # a fine-tuned model: how the build compares with the float model it came from
+        console.print(v.against_original["summary"])
     prim = man["artifact"]["primary"]
     # the primary artifact may be a folder (a Core ML .mlpackage): sum its files
     prim_bytes = sum(f["bytes"] for k, f in man["files"].items() if k == prim or k.startswith(prim + "/"))
