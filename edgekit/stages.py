@@ -319,6 +319,9 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
     return Checked(v, gin, gout)
 
 
+# the files a record may name as the original: formats edgekit reads without running code from them (a Keras file
+# in Keras' safe mode: no Lambda bytecode), never a pickle or a factory
+ORIGINAL_SUFFIXES = (".pt2", ".onnx", ".keras", ".h5")
 _ORIGINALS: dict[tuple[str, str], Model] = {}  # a mixed-precision search verifies each rebuild: load it once
 _ORIGINAL_METRICS = ("top1_agreement", "disagreements", "snr_db", "cosine", "iou", "text_agreement", "cer",
                      "max_rel_error")
@@ -389,10 +392,10 @@ def _original(origin: dict[str, Any], m: Model) -> tuple[Model | None, str]:
     checked by sha256; (None, why) where it is not there, not a model file, or changed."""
     sha = str(origin.get("sha256") or "")
     paths = [Path(str(p)) for p in (origin.get("abspath"), origin.get("path")) if p]
-    found = next((p for p in paths if p.suffix in (".pt2", ".onnx") and p.is_file()), None)
+    found = next((p for p in paths if p.suffix in ORIGINAL_SUFFIXES and p.is_file()), None)
     if found is None:
-        return None, (f"{origin.get('path')} is not there (or not a .pt2 / .onnx file); keep it beside, or convert "
-                      "the float model for the comparison")
+        return None, (f"{origin.get('path')} is not there (or not a {' / '.join(ORIGINAL_SUFFIXES)} file); keep it "
+                      "where it was, or convert the float model for the comparison")
     key = (str(found.resolve()), sha)
     if key not in _ORIGINALS:
         now = sha256_file(found)

@@ -353,3 +353,23 @@ def test_keras_through_onnx_on_android_takes_pt2e_and_mixed_precision(kd, tmp_pa
     assert not tight.verification.passed  # no INT8 build is within 1e-6 of float
     mp = tight.manifest["artifact"].get("mixed_precision")
     assert mp is not None and mp.get("searched", True) is not False and mp["scanned"], mp
+
+
+def test_finetune_takes_a_keras_model_through_onnx_and_convert_measures_it_against_the_keras_file(kd, tmp_path):
+    """A Keras model has no trainable graph in TensorFlow here: finetune writes it to ONNX (tf2onnx, checked against
+    TensorFlow), rebuilds it in torch (onnx2torch) and trains that; the output is a .pt2 with the Keras model's NHWC
+    input. Its android INT8 build is then measured against the .keras file itself (read in Keras' safe mode)."""
+    from edgekit.finetune import finetune, read_record
+    from edgekit.ingest import load_model
+
+    res = finetune(str(kd["keras"]), kd["calib"], tmp_path / "ft.pt2", target="android", epochs=4)
+    assert res.loss_after < res.loss_before
+    m = load_model(res.out)
+    assert m.kind == "exported_program" and m.inputs[0].shape == (1, 8, 8, 1)
+    assert read_record(res.out)["finetuned_from"]["sha256"] == load_model(kd["keras"]).sha256
+    built = convert(str(res.out), "android", tmp_path / "o", precision="int8", calib=str(kd["calib"]),
+                    eval_data=str(kd["eval"]), fail_on_verification=False)
+    against = built.verification.against_original
+    assert against is not None and against["from"] == "eval" and against["trained_on"] == 0
+    assert against["model"] == str(kd["keras"])
+    assert next(iter(against["outputs"].values()))["top1_agreement"] >= 0.95, against
