@@ -138,7 +138,7 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         *[f"- prepared: {step}" for step in man["source_model"].get("prepared") or []],
         *([f"- rebuilt in torch by {man['source_model']['bridge']} for this target's converter; the float "
            "reference is onnxruntime on the prepared graph"] if man["source_model"].get("bridge") else []),
-        *([f"- fine-tuned (edgekit finetune, {ft['recipe']['target']} INT8 in the loop) from `{ft['path']}` "
+        *([f"- fine-tuned (edgekit finetune, {ft['recipe'].get('target')} INT8 in the loop) from `{ft['path']}` "
            f"(sha256 {ft['sha256'][:12]}…)"] if (ft := man["source_model"].get("finetuned_from")) else []),
         *([f"- measured {ao['summary']}"] if (ao := v.get("against_original")) else []),
         f"- target: **{man['target']}** ({man['format']}), precision **{man['precision']}**",

@@ -143,7 +143,12 @@ def _finetuned(m: Model) -> dict[str, Any]:
     from edgekit.finetune import read_record
 
     rec = read_record(m.source)
-    return {"finetuned_from": {**rec["finetuned_from"], "recipe": rec["recipe"]}} if rec else {}
+    origin = rec.get("finetuned_from") if isinstance(rec, dict) else None
+    if not isinstance(origin, dict):
+        return {}
+    # the record comes from the file: its fields are written as text, whatever their type there
+    return {"finetuned_from": {**{k: str(v) for k, v in origin.items()},
+                               "recipe": rec["recipe"] if isinstance(rec.get("recipe"), dict) else {}}}
 
 
 def check_calibration(precision: str, given: bool) -> None:
@@ -339,10 +344,11 @@ def _against_original(m: Model, runner: Runner, comp: Compression, tol: Toleranc
     from edgekit.verify import output_checks, run_pair
 
     rec = read_record(m.source)
-    if not rec or not isinstance(rec.get("finetuned_from"), dict):
+    if not isinstance(rec, dict) or not isinstance(rec.get("finetuned_from"), dict):
         return
     data, what = (comp.eval, "eval") if comp.eval is not None else (comp.golden, "golden")
-    seen = set(rec.get("data_samples") or ())
+    samples = rec.get("data_samples")
+    seen = {d for d in samples if isinstance(d, str)} if isinstance(samples, list) else set()
     trained_on = sum(d in seen for d in sample_digests(data, m)) if seen else 0
     if trained_on:
         v.notes.append(f"{trained_on} of the {len(data)} {what} samples were among the samples edgekit finetune "

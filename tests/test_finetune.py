@@ -287,3 +287,29 @@ def test_pruned_student_distilled_from_the_whole_float_model(digits, tmp_path):
     with pytest.raises(InputSpecError, match="one or the other"):
         finetune("plan_nets:digits", digits["calib"], tmp_path / "x.pt2", prune=0.25, feature_weight=1.0,
                  input_shape=["1,1,8,8"])
+
+
+def test_a_crafted_record_reads_no_other_file_and_breaks_nothing(digits, tuned, tmp_path):
+    """A .pt2 whose finetune record was rewritten by hand (a path to a file that is not a model, fingerprints of the
+    wrong type, a sha256 that is a number): convert measures nothing against it, says why, and the build stands."""
+    import zipfile
+
+    from edgekit.finetune import RECORD
+    from edgekit.pipeline import convert
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("not a model")
+    crafted = tmp_path / "crafted.pt2"
+    with zipfile.ZipFile(tuned.out) as src, zipfile.ZipFile(crafted, "w") as dst:
+        for item in src.infolist():
+            data = src.read(item.filename)
+            if item.filename.endswith("extra/" + RECORD):
+                rec = json.loads(data)
+                rec["finetuned_from"] = {"path": str(secret), "abspath": 7, "sha256": 12}
+                rec["data_samples"] = 5
+                data = json.dumps(rec).encode()
+            dst.writestr(item, data)
+    res = convert(str(crafted), target="jetson", out=tmp_path / "o", precision="fp32", calib=str(digits["calib"]),
+                  eval_data=str(digits["eval"]), fail_on_verification=False, cache=False)
+    assert res.verification.passed and res.verification.against_original is None
+    assert any("not measured" in n and "secret.txt is not there (or not a .pt2" in n for n in res.verification.notes)

@@ -109,6 +109,14 @@ def model_json(edit: Callable[[dict], None]) -> bytes:
     return json.dumps(doc).encode()
 
 
+def finetune_record_naming(s: Path, v: Path, m: Path) -> Path:
+    """The digits .pt2 with an `edgekit finetune` record that names a file of the victim's as its original."""
+    (v / "secret.onnx").write_bytes(b"the victim's own file, not a model")
+    record = {"finetuned_from": {"path": str(v / "secret.onnx"), "abspath": 7, "sha256": 12}, "data_samples": 5,
+              "recipe": "not a dict"}
+    return pt2_with(s / "m.pt2", **{"extra__edgekit-finetune.json": json.dumps(record).encode()})
+
+
 def flip_byte(src: Path, dest: Path, member: str) -> Path:
     """Flip one byte of a member's data in place; the zip's CRC is left as it was."""
     data = bytearray(src.read_bytes())
@@ -373,6 +381,10 @@ def cases() -> list[Case]:
           r"not a Keras archive", build=lambda s, v, m: (s / "m.keras").write_bytes(b"not a zip")),
         C("unknown_model_suffix", "model", ["convert", "{S}/m.txt", *out], r"unknown model file type",
           build=lambda s, v, m: (s / "m.txt").write_text("hello")),
+        # a finetune record names the float model the .pt2 came from: one naming a user's file, with fields of the
+        # wrong types, is not loaded (the sha256 does not match) and breaks nothing; the build stands (exit 0)
+        C("pt2_finetune_record_names_a_victim_file", "model", [*fp32, "--calib", "{CALIB}", "--eval", "{EVAL}"],
+          r"", exit=0, one_line=False, build=finetune_record_naming),
         C("model_missing", "model", ["convert", "{S}/none.pt2", *out], r"no such file"),
         C("model_is_folder", "model", ["convert", "{S}", *out], r"folder without saved_model\.pb"),
     ]
