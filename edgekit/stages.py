@@ -34,7 +34,7 @@ from edgekit.converters import Artifact, ConvertJob, Runner, converter_info, fla
 from edgekit.data import Dataset, draw, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
 from edgekit.fsutil import data_dir, sha256_file
-from edgekit.ingest import Model, check_target_takes, for_converter, load_model, source_kind
+from edgekit.ingest import KERAS_SUFFIXES, Model, check_target_takes, for_converter, load_model, source_kind
 from edgekit.manifest import SCHEMA_VERSION, Manifest
 from edgekit.planner import Budgets, Plan, plan_section
 from edgekit.profiles import Board, Target, Tolerance
@@ -326,7 +326,7 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
 
 # the files a record may name as the original: formats edgekit reads without running code from them (a Keras file
 # in Keras' safe mode: no Lambda bytecode), never a pickle or a factory
-ORIGINAL_SUFFIXES = (".pt2", ".onnx", ".keras", ".h5")
+ORIGINAL_SUFFIXES = (".pt2", ".onnx", *KERAS_SUFFIXES)
 _ORIGINALS: dict[tuple[str, str], Model] = {}  # a mixed-precision search verifies each rebuild: load it once
 _ORIGINAL_METRICS = ("top1_agreement", "disagreements", "snr_db", "cosine", "iou", "text_agreement", "cer",
                      "max_rel_error")
