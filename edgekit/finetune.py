@@ -63,6 +63,8 @@ class FinetuneResult:
     seconds_per_epoch: float
     checkpoints: list[Path] = field(default_factory=list)
     record: dict[str, Any] = field(default_factory=dict)
+    # --holdout: the samples kept out of training, and the student's agreement / loss on them before and after
+    holdout: dict[str, Any] | None = None
 
 
 # ---------------------------------------------------------------- fake quantization
@@ -426,6 +428,7 @@ def finetune(
     checkpoint_dir: str | Path | None = None,
     resume: str | Path | None = None,
     seed: int = 0,
+    holdout: float = 0.0,
     device: str | None = None,
     input_shape: list[str] | None = None,
     trust_pickle: bool = False,
@@ -439,6 +442,8 @@ def finetune(
 
     ``prune`` (a share of channels, for ``pkg.module:factory`` / pickled modules) makes the student a channel-pruned
     copy (torch-pruning, as the planner prunes) and distills the whole float model into it.
+    ``holdout`` (a share of the data) is kept out of training: the student's agreement with the float model on
+    those samples, before and after, shows whether training generalises or fits its samples.
     ``checkpoint_every`` N steps (and at the end) a checkpoint goes to ``checkpoint_dir`` (default
     ``<out>.ckpt/``); ``resume`` continues one exactly (weights, optimizer, schedule, step, RNG)."""
     torch = require("torch")
@@ -457,6 +462,9 @@ def finetune(
     if device not in (None, "auto", "cpu", "cuda"):
         raise InputSpecError(f"--device {device}: choose auto, cpu or cuda (under torchrun each process takes the "
                              "GPU of its LOCAL_RANK)")
+    if isinstance(holdout, bool) or not 0 <= holdout < 1:
+        raise InputSpecError(f"--holdout {holdout}: give the share of the data to keep out of training, from 0 up "
+                             "to (not) 1")
     if not 0 <= prune < 1:
         raise InputSpecError(f"--prune {prune}: give the share of channels to remove, from 0 up to (not) 1")
     if prune and feature_weight:
@@ -482,6 +490,12 @@ def finetune(
                 raise InputSpecError("an array of inputs feeds a single-input model; give a Dataset or a .npz")
             data = Dataset("array", {m.inputs[0].name: np.ascontiguousarray(data, dtype=m.inputs[0].dtype)}, None)
         ds = data if isinstance(data, Dataset) else load_unlabeled(data, m, max_data_mb)
+        digest = _digest(ds, m)  # of the whole file: a resume checks the same data
+        held_ds = None
+        if holdout:
+            k = max(1, round(len(ds) * holdout))
+            order = np.random.default_rng(seed).permutation(len(ds))
+            held_ds, ds = ds.subset(np.sort(order[:k])), ds.subset(np.sort(order[k:]))
         n = len(ds)
         steps_per_epoch = (n // world) // (batch_size // world)
         if steps_per_epoch == 0:
@@ -492,7 +506,8 @@ def finetune(
         kinds = [kinds_by_name[s.name] for s in m.outputs]
         recipe = {"target": target, "epochs": epochs, "batch_size": batch_size, "lr": lr,
                   "temperature": temperature, "feature_weight": feature_weight, "prune": prune, "amp": bool(amp),
-                  "seed": seed, "data": ds.source, "samples": n, "data_sha256": _digest(ds, m),
+                  "seed": seed, "data": ds.source, "samples": n, "data_sha256": digest,
+                  **({"holdout": holdout} if holdout else {}),  # absent at 0: older checkpoints resume
                   "model_sha256": m.sha256}
         if state is not None:
             _check_resume(state, recipe, Path(resume))
@@ -559,13 +574,14 @@ def finetune(
             train = torch.nn.parallel.DistributedDataParallel(student, device_ids=[dev.index] if dev.type == "cuda" else None,
                                                               forward_sync_buffers=False)
 
-        def losses(net, feats: bool):
-            """Distillation loss over all the data, and top-1 agreement of the first class output."""
+        def losses(net, feats: bool, data=xs):
+            """Distillation loss over all the (training, or ``data``) samples, and top-1 agreement of the first class
+            output."""
             total_loss, agree, count = 0.0, 0, 0
             ci = kinds.index("class") if "class" in kinds else None
             with torch.no_grad():
-                for i in range(0, n, 64):
-                    b = [x[i:i + 64].to(dev) for x in xs]
+                for i in range(0, len(data[0]), 64):
+                    b = [x[i:i + 64].to(dev) for x in data]
                     s_f, t_f = _capture(net, feats), _capture(teacher, feats)
                     so, to = net(*b), teacher(*b)
                     _uncapture(net), _uncapture(teacher)
@@ -576,6 +592,8 @@ def finetune(
             return total_loss / count, (agree / count if ci is not None else None)
 
         loss_before, agree_before = losses(student, feature_weight > 0)
+        held_xs = _tensors(held_ds, m) if held_ds is not None else None
+        held_before = losses(student, feature_weight > 0, held_xs) if held_xs is not None else None
         index = torch.utils.data.TensorDataset(torch.arange(n))
         sampler = torch.utils.data.distributed.DistributedSampler(index, num_replicas=world, rank=rank, shuffle=True,
                                                                   seed=seed, drop_last=True)
@@ -614,6 +632,17 @@ def finetune(
                     checkpoints.append(_save_checkpoint(ckpt_dir, step, student, opt, sched, scaler, recipe))
         seconds = time.perf_counter() - t0
         loss_after, agree_after = losses(student, feature_weight > 0)
+        held = None
+        if held_xs is not None:
+            held_after = losses(student, feature_weight > 0, held_xs)
+            _set_mode(student, "off")  # the float weights alone: what a float build of the output computes
+            float_after = losses(student, feature_weight > 0, held_xs)
+            _set_mode(student, "quant")
+            held = {"samples": len(held_ds), "loss_before": held_before[0], "loss_after": held_after[0],
+                    "agreement_before": held_before[1], "agreement_after": held_after[1],
+                    "float_weights_agreement_after": float_after[1]}
+            if rank == 0:
+                log(holdout_line(held))
         origin = {"path": m.source, "sha256": m.sha256}
         if Path(m.source).is_file():  # convert finds it from another folder too, to measure against it
             origin["abspath"] = str(Path(m.source).resolve())
@@ -630,7 +659,7 @@ def finetune(
                               "activation_points": n_a, "batch_norms_folded": folded},
                   "activation_ranges": [[float(a.lo), float(a.hi)] for a in _act_fqs(student)],
                   "loss_before": loss_before, "loss_after": loss_after,
-                  "agreement_before": agree_before, "agreement_after": agree_after,
+                  "agreement_before": agree_before, "agreement_after": agree_after, "holdout": held,
                   "flows_back": "learned float weights (batch norms folded); convert recalibrates activations "
                                 "from --calib and derives the weight scales from the weights"}
         written = None
@@ -640,10 +669,21 @@ def finetune(
             torch.distributed.barrier()
         return FinetuneResult(written, total, epochs, world, amp_kind, loss_before, loss_after, agree_before,
                               agree_after, seconds, seconds * steps_per_epoch / trained if trained else 0.0,
-                              checkpoints, record)
+                              checkpoints, record, held)
     finally:
         if dist_here:
             torch.distributed.destroy_process_group()
+
+
+def holdout_line(h: dict[str, Any]) -> str:
+    """What the held-out samples say, in one line; a loss that rose there is called out."""
+    agree = ("" if h["agreement_before"] is None else
+             f"; top-1 agreement {h['agreement_before']:.1%} -> {h['agreement_after']:.1%} (INT8 fake-quant), "
+             f"{h['float_weights_agreement_after']:.1%} (the fine-tuned float weights)")
+    worse = (" -- worse on samples it did not train on: it fits its training samples; give more data, fewer "
+             "--epochs or a lower --lr" if h["loss_after"] > h["loss_before"] else "")
+    return (f"held out {h['samples']} samples: distillation loss {h['loss_before']:.4g} -> {h['loss_after']:.4g}"
+            f"{agree}{worse}")
 
 
 def _capture(net, on: bool):

@@ -313,3 +313,35 @@ def test_a_crafted_record_reads_no_other_file_and_breaks_nothing(digits, tuned, 
                   eval_data=str(digits["eval"]), fail_on_verification=False, cache=False)
     assert res.verification.passed and res.verification.against_original is None
     assert any("not measured" in n and "secret.txt is not there (or not a .pt2" in n for n in res.verification.notes)
+
+
+def test_holdout_keeps_samples_out_of_training_and_measures_them(digits, tmp_path):
+    """--holdout 0.25: a quarter of the data never trains (its fingerprints are not in the record, so convert
+    counts them as unseen); the student's agreement and loss on them are measured before and after."""
+    from edgekit.cli import app
+    from typer.testing import CliRunner
+
+    n = len(np.load(digits["calib"])["image"])
+    res = finetune(digits["model"], digits["calib"], tmp_path / "ft.pt2", target="jetson", epochs=2, holdout=0.25)
+    held = res.holdout
+    assert held["samples"] == round(n * 0.25) and res.record["recipe"]["samples"] == n - held["samples"]
+    assert len(res.record["data_samples"]) == n - held["samples"]
+    for k in ("agreement_before", "agreement_after", "float_weights_agreement_after"):
+        assert 0.5 <= held[k] <= 1.0, held
+    assert held["loss_before"] > 0 and held["loss_after"] > 0
+    # the held-out samples are the ones convert finds unseen: checked on exactly them
+    from edgekit.data import Dataset
+    from edgekit.finetune import sample_digests
+    from edgekit.ingest import load_model
+
+    m = load_model(digits["model"])
+    x = np.load(digits["calib"])["image"]
+    digests = sample_digests(Dataset("all", {"image": x}, None), m)
+    assert sum(d not in set(res.record["data_samples"]) for d in digests) == held["samples"]
+    r = CliRunner().invoke(app, ["finetune", str(digits["model"]), "-d", str(digits["calib"]), "-o",
+                                 str(tmp_path / "cli.pt2"), "--epochs", "1", "--holdout", "0.25"])
+    assert r.exit_code == 0, r.output
+    assert f"held out {held['samples']} samples: distillation loss" in r.output
+    with pytest.raises(InputSpecError, match="--holdout 1"):
+        finetune(digits["model"], digits["calib"], tmp_path / "bad.pt2", holdout=1)
+    assert not (tmp_path / "bad.pt2").exists()

@@ -14,7 +14,7 @@ from edgekit.cli.common import ShapeOpt, app, console, err
 
 @app.command()
 def finetune(
-    model: Annotated[str, typer.Argument(help="float model: .pt2, .onnx, pkg.module:factory, or a pickled module (--trust-pickle)")],
+    model: Annotated[str, typer.Argument(help="float model: .pt2, .onnx, .keras/.h5, pkg.module:factory, or a pickled module (--trust-pickle)")],
     data: Annotated[str, typer.Option("--data", "-d", help="unlabeled inputs: a .npz (e.g. the --calib file) or a folder of .npy files")],
     out: Annotated[Path, typer.Option("--output", "-o", help="the fine-tuned model, *.pt2 (convert takes it)")],
     target: Annotated[str, typer.Option("--target", "-t", help="whose INT8 the student imitates: jetson | android")] = "jetson",
@@ -28,7 +28,8 @@ def finetune(
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="write a checkpoint every N steps (0: only at the end)")] = 0,
     checkpoint_dir: Annotated[Path | None, typer.Option("--checkpoint-dir", help="checkpoint folder (default <output>.ckpt/)")] = None,
     resume: Annotated[Path | None, typer.Option("--resume", help="continue from a checkpoint (same model, data and options)")] = None,
-    seed: Annotated[int, typer.Option("--seed", help="seed of the data order")] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="seed of the data order (and of the --holdout draw)")] = 0,
+    holdout: Annotated[float, typer.Option("--holdout", help="share of the data kept out of training to check it generalises (e.g. 0.2)")] = 0.0,
     device: Annotated[str, typer.Option("--device", help="auto | cpu | cuda")] = "auto",
     input_shape: ShapeOpt = None,
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle", help="allow torch.load of a pickled module (runs code from the file)")] = False,
@@ -38,7 +39,7 @@ def finetune(
     Runs the same under `torchrun --nproc-per-node N -m edgekit finetune ...` (DistributedDataParallel)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from edgekit.finetune import finetune as run, result_json
+    from edgekit.finetune import finetune as run, holdout_line, result_json
 
     rank0 = os.environ.get("RANK", "0") == "0"
     progress = Progress(TextColumn("finetune"), BarColumn(), MofNCompleteColumn(), TextColumn("loss {task.fields[loss]}"),
@@ -52,7 +53,7 @@ def finetune(
     try:
         res = run(model, data, out, target=target, epochs=epochs, batch_size=batch_size, lr=lr, temperature=temperature,
                   feature_weight=feature_weight, prune=prune, amp=amp, checkpoint_every=checkpoint_every,
-                  checkpoint_dir=checkpoint_dir, resume=resume, seed=seed, device=device, input_shape=input_shape,
+                  checkpoint_dir=checkpoint_dir, resume=resume, seed=seed, holdout=holdout, device=device, input_shape=input_shape,
                   trust_pickle=trust_pickle, on_step=on_step,
                   log=lambda m: rank0 and err.print(f"  [dim]{m}[/]", highlight=False))
     finally:
@@ -64,8 +65,10 @@ def finetune(
         return
     agree = "" if res.agreement_after is None else (
         f", top-1 agreement with float {res.agreement_before:.1%} → {res.agreement_after:.1%}")
-    console.print(f"distillation loss (int8 fake-quant vs float, all {res.record['recipe']['samples']} inputs) "
+    console.print(f"distillation loss (int8 fake-quant vs float, all {res.record['recipe']['samples']} training inputs) "
                   f"{res.loss_before:.4g} → {res.loss_after:.4g}{agree}")
+    if res.holdout:
+        console.print(holdout_line(res.holdout))
     console.print(f"{res.steps} steps, {res.epochs} epochs on {res.world_size} process(es)"
                   f"{', AMP ' + res.amp if res.amp else ''}: {res.seconds:.1f} s ({res.seconds_per_epoch:.2f} s/epoch)")
     if res.checkpoints:
