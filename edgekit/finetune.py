@@ -641,8 +641,6 @@ def finetune(
             held = {"samples": len(held_ds), "loss_before": held_before[0], "loss_after": held_after[0],
                     "agreement_before": held_before[1], "agreement_after": held_after[1],
                     "float_weights_agreement_after": float_after[1]}
-            if rank == 0:
-                log(holdout_line(held))
         origin = {"path": m.source, "sha256": m.sha256}
         if Path(m.source).is_file():  # convert finds it from another folder too, to measure against it
             origin["abspath"] = str(Path(m.source).resolve())
