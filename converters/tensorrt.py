@@ -34,6 +34,7 @@ from edgekit.mixed import (Layer, Search, channel_energy, keep_layers, output_sn
                            weight_sqnr_db)
 from edgekit.mixed import db as mixed_db
 from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, toposort
+from edgekit.onnx_fuse import fold_pad_into_maxpool
 
 PRIMARY = "model.onnx"
 
@@ -52,6 +53,11 @@ class TensorRTConverter:
         clean = job.work_dir / "float.onnx"
         stats = slim(raw, clean)
         job.log(f"onnxslim: {stats['nodes_before']} -> {stats['nodes_after']} nodes")
+        proto = onnx.load(str(clean))
+        if folded := fold_pad_into_maxpool(proto):  # -inf padding stops onnxruntime's INT8 calibrators
+            onnx.save(proto, str(clean))
+            stats["pads_folded_into_maxpool"] = folded
+            job.log(f"{folded} Pad(-inf) -> MaxPool folded into the pools' own padding")
         dest = job.out_dir / PRIMARY
         meta: dict = {"opset": _opset(onnx.load(str(clean))), "graph_cleanup": {"tool": "onnxslim", **stats}}
         notes: list[str] = []

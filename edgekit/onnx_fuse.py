@@ -127,3 +127,46 @@ def fold_affine_into_conv(proto) -> int:
         del graph.initializer[:]
         graph.initializer.extend(keep)
     return done
+
+
+def fold_pad_into_maxpool(proto) -> int:
+    """Fold a ``Pad`` with the value -inf (constant mode, spatial axes only) that alone feeds a ``MaxPool`` into the
+    pool's own ``pads``: a max pool pads with -inf itself, so the function is the same. onnx2torch writes Keras'
+    asymmetric SAME max pooling this way (``F.pad(x, (0, 1, 0, 1), value=-inf)``), and the padded tensor's
+    -inf stops onnxruntime's histogram calibrators (jetson INT8) cold. Returns the number of Pads folded."""
+    from onnx import helper, numpy_helper
+
+    graph = proto.graph
+    consts = {i.name: numpy_helper.to_array(i) for i in graph.initializer}
+    for n in graph.node:
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+            consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
+    use = _readers(graph)
+    outputs = {o.name for o in graph.output}
+    done = 0
+    for pad in [n for n in graph.node if n.op_type == "Pad"]:
+        mode = next((helper.get_attribute_value(a) for a in pad.attribute if a.name == "mode"), b"constant")
+        if mode not in (b"constant", "constant") or len(pad.input) < 3 or len(pad.input) > 4 and pad.input[4]:
+            continue
+        pads, value = consts.get(pad.input[1]), consts.get(pad.input[2])
+        readers = use.get(pad.output[0], [])
+        if (pads is None or value is None or value.size != 1 or not np.isneginf(value.reshape(-1)[0])
+                or pad.output[0] in outputs or len(readers) != 1 or readers[0] is None
+                or readers[0].op_type != "MaxPool"):
+            continue
+        pool, rank = readers[0], len(pads) // 2
+        attrs = {a.name: helper.get_attribute_value(a) for a in pool.attribute}
+        p = [int(v) for v in pads.reshape(-1)]
+        if (rank < 3 or min(p) < 0 or p[0] or p[1] or p[rank] or p[rank + 1] or attrs.get("ceil_mode", 0)
+                or attrs.get("auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET")):
+            continue
+        spatial = rank - 2
+        old = list(attrs.get("pads", [0] * 2 * spatial))
+        new = [old[i] + p[2 + i] for i in range(spatial)] + [old[spatial + i] + p[rank + 2 + i] for i in range(spatial)]
+        kept = [a for a in pool.attribute if a.name != "pads"]
+        del pool.attribute[:]
+        pool.attribute.extend([*kept, helper.make_attribute("pads", new)])
+        pool.input[0] = pad.input[0]
+        graph.node.remove(pad)
+        done += 1
+    return done
