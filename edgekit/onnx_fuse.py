@@ -120,13 +120,22 @@ def fold_affine_into_conv(proto) -> int:
             conv.output[0] = nxt.output[0]  # the layer now writes what the folded node wrote
             graph.node.remove(nxt)
             done += 1
-    if replaced:  # the weights, biases and constants replaced, where nothing else reads them
-        use = _readers(graph)
-        gone = {n for n in replaced if n not in use and n not in {i.name for i in graph.input}}
-        keep = [i for i in graph.initializer if i.name not in gone]
-        del graph.initializer[:]
-        graph.initializer.extend(keep)
+    _drop_unread(graph, replaced)  # the weights, biases and constants replaced, where nothing else reads them
     return done
+
+
+def _drop_unread(graph, names: set[str]) -> None:
+    """Remove the initializers and Constant nodes among ``names`` that nothing reads any more (a rewrite's
+    leftovers); a graph input, a graph output or a value another node reads stays."""
+    if not names:
+        return
+    use = _readers(graph)
+    gone = {n for n in names if n not in use and n not in {i.name for i in graph.input}}
+    keep = [i for i in graph.initializer if i.name not in gone]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+    for n in [n for n in graph.node if n.op_type == "Constant" and n.output[0] in gone]:
+        graph.node.remove(n)
 
 
 def fold_pad_into_maxpool(proto) -> int:
@@ -143,6 +152,7 @@ def fold_pad_into_maxpool(proto) -> int:
             consts[n.output[0]] = numpy_helper.to_array(n.attribute[0].t)
     use = _readers(graph)
     outputs = {o.name for o in graph.output}
+    replaced: set[str] = set()
     done = 0
     for pad in [n for n in graph.node if n.op_type == "Pad"]:
         mode = next((helper.get_attribute_value(a) for a in pad.attribute if a.name == "mode"), b"constant")
@@ -168,5 +178,7 @@ def fold_pad_into_maxpool(proto) -> int:
         pool.attribute.extend([*kept, helper.make_attribute("pads", new)])
         pool.input[0] = pad.input[0]
         graph.node.remove(pad)
+        replaced.update(pad.input[1:])
         done += 1
+    _drop_unread(graph, replaced)  # the pad amounts and the -inf, where nothing else reads them
     return done

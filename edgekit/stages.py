@@ -319,30 +319,29 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
         return Checked(v, gin, ref)
     v, gin, gout = verify_outputs(m, m.reference(), runner, comp.golden, len(comp.golden), tol, runtime, precision,
                                   comp.eval, comp.kinds, comp.eval_output)
-    if m.kind == "exported_program":
-        _against_original(m, runner, comp, tol, precision, v)
     return Checked(v, gin, gout)
 
 
 # the files a record may name as the original: formats edgekit reads without running code from them (a Keras file
 # in Keras' safe mode: no Lambda bytecode), never a pickle or a factory
 ORIGINAL_SUFFIXES = (".pt2", ".onnx", *KERAS_SUFFIXES)
-_ORIGINALS: dict[tuple[str, str], Model] = {}  # a mixed-precision search verifies each rebuild: load it once
 _ORIGINAL_METRICS = ("top1_agreement", "disagreements", "snr_db", "cosine", "iou", "text_agreement", "cer",
                      "max_rel_error")
 
 
-def _against_original(m: Model, runner: Runner, comp: Compression, tol: Tolerance, precision: str,
-                      v: Verification) -> None:
+def against_original(m: Model, make_runner: Callable[[], Runner], comp: Compression, tol: Tolerance, precision: str,
+                     v: Verification) -> None:
     """A ``.pt2`` that `edgekit finetune` wrote is verified against its own fine-tuned float weights; the model the
-    user means to ship is the float model it came from. So the converted model is measured against that one too,
-    on the eval (else golden) samples, reported in ``v.against_original`` and a note, not gating. The record's
-    sample fingerprints tell which of those samples the fine-tuning trained on (then the agreement is not held
-    out). Only a ``.pt2`` / ``.onnx`` file at the recorded path with the recorded sha256 is read: a record in a
-    file names no code to run."""
+    user means to ship is the float model it came from. So the final build (once, after any mixed-precision
+    rebuilds) is measured against that one too, on the eval (else golden) samples, reported in
+    ``v.against_original`` and a note, not gating. The record's sample fingerprints tell which of those samples the
+    fine-tuning trained on (then the agreement is not held out). Only a model file (:data:`ORIGINAL_SUFFIXES`) at
+    the recorded path with the recorded sha256 is read: a record in a file names no code to run."""
     from edgekit.finetune import read_record, sample_digests
     from edgekit.verify import output_checks, run_pair
 
+    if m.kind != "exported_program" or not v.outputs:  # not fine-tuned, or the artifact did not run
+        return
     rec = read_record(m.source)
     if not isinstance(rec, dict) or not isinstance(rec.get("finetuned_from"), dict):
         return
@@ -369,7 +368,7 @@ def _against_original(m: Model, runner: Runner, comp: Compression, tol: Toleranc
         return run_orig({n: feeds[s.name] for n, s in zip(names, m.inputs, strict=True)})
 
     try:
-        ref, got, _ = run_pair(reference, runner, list(data.batches(m)))
+        ref, got, _ = run_pair(reference, make_runner(), list(data.batches(m)))
     except Exception as exc:  # noqa: BLE001 - the original's runtime raises its own types
         v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {orig.source} does "
                        f"not run on these inputs ({type(exc).__name__}: {str(exc)[:160]})")
@@ -402,17 +401,14 @@ def _original(origin: dict[str, Any], m: Model) -> tuple[Model | None, str]:
     if found is None:
         return None, (f"{origin.get('path')} is not there (or not a {' / '.join(ORIGINAL_SUFFIXES)} file); keep it "
                       "where it was, or convert the float model for the comparison")
-    key = (str(found.resolve()), sha)
-    if key not in _ORIGINALS:
-        now = sha256_file(found)
-        if now != sha:
-            return None, f"{found} changed since fine-tuning (sha256 {now[:12]}…, recorded {sha[:12]}…)"
-        shapes = None if found.suffix == ".pt2" else [",".join(map(str, s.shape)) for s in m.inputs]
-        try:
-            _ORIGINALS[key] = load_model(found, shapes)
-        except Exception as exc:  # noqa: BLE001 - a model that no longer loads is reported, not raised
-            return None, f"{found} does not load ({type(exc).__name__}: {str(exc)[:160]})"
-    return _ORIGINALS[key], ""
+    now = sha256_file(found)
+    if now != sha:
+        return None, f"{found} changed since fine-tuning (sha256 {now[:12]}…, recorded {sha[:12]}…)"
+    shapes = None if found.suffix == ".pt2" else [",".join(map(str, s.shape)) for s in m.inputs]
+    try:
+        return load_model(found, shapes), ""
+    except Exception as exc:  # noqa: BLE001 - a model that no longer loads is reported, not raised
+        return None, f"{found} does not load ({type(exc).__name__}: {str(exc)[:160]})"
 
 
 def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,
