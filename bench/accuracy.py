@@ -89,6 +89,7 @@ def build(spec: dict, target: str, out: Path, options: dict, strict: bool, toler
     return {"passed": v.passed, "float": v.float_accuracy, "int8": v.converted_accuracy,
             "agree": agree[0] if agree else None, "method": art["quantization"].get("calibration_method"),
             "kept": len((art.get("mixed_precision") or {}).get("kept") or []),
+            "a16": (art.get("quantization") or {}).get("activation_bits") == 16,  # mixed precision's last step
             "vs_original": v.against_original is not None, "seconds": time.perf_counter() - t0}
 
 
@@ -139,7 +140,7 @@ def cell(r: dict, kept: bool = False) -> str:
     if "error" in r:
         return r["error"] if r["error"].startswith("not run") else f"error ({r['error'][:60]}) {r['seconds']:.0f} s"
     acc = f"{pct(r['int8'])} / " if r["int8"] is not None else ""
-    extra = f", {r['kept']} kept" if kept else ""
+    extra = (f", {r['kept']} kept" if kept else "") + (", then 16-bit activations (16x8)" if r.get("a16") else "")
     vs = " with the original" if r.get("vs_original") else ""
     return (f"{acc}{pct(r['agree'])}% agree{vs}, {r['method']}{extra}, "
             f"{'pass' if r['passed'] else 'FAIL'}, {r['seconds']:.0f} s")

@@ -74,6 +74,10 @@ class TFLiteOptions(_Options):
         "/ MUL / ADD), or kept float (litert-torch writes it out per step in fp32 between DEQUANTIZE and QUANTIZE)")
     layout: Literal["nchw", "nhwc"] | None = Field(None, description="torch models: NHWC input (to_channel_last_io)")
     threads: int = Field(2, ge=1, le=256, description="host interpreter threads for verification")
+    activations: Literal["int8", "int16"] = Field(
+        "int8", description="int8 builds: int8 activations, or int16 (TFLite's 16x8 mode by ai-edge-quantizer: int8 "
+        "weights, int16 activations and I/O; closer to float, slower: no XNNPACK/GPU/NNAPI kernels). Unset, mixed "
+        "precision tries int16 last where an int8 build fails verification")
     keras: Literal["tflite", "onnx"] = Field(
         "tflite", description="Keras / SavedModel input: tflite (TensorFlow's TFLiteConverter quantizes the whole "
         "model) or onnx (tf2onnx, then the PT2E path of ONNX and torch input: INT8 mixed precision can keep "

@@ -311,9 +311,69 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
              extra_steps: int = 4) -> tuple[Any, Any]:
     """An INT8 build failed verification (``checked``): where the converter offers a group of layers to keep first
     (``conv.float_group``: android's LSTMs written out in int8), the build again with that group at higher
-    precision, re-verified; where it (or there is no group) still fails, the layer search on that build.
-    Returns the new (artifact, checked); the artifact's meta gets ``mixed_precision`` (with ``group``: the first
-    step) and its notes one line per kept layer."""
+    precision, re-verified; where it (or there is no group) still fails, the layer search on that build; where
+    that still fails and the converter offers 16-bit activations (``conv.activations16``: android's 16x8), the
+    build again with every activation int16, re-verified. Returns the new (artifact, checked); the artifact's meta
+    gets ``mixed_precision`` (with ``group``: the first step, ``activations16``: the last) and its notes one line
+    per kept layer."""
+    artifact, checked = _fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+    if checked.verification.passed or not hasattr(conv, "activations16"):
+        return artifact, checked
+    return _activations16(job, conv, artifact, checked, reverify, log, warn)
+
+
+def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, reverify: Callable[[Any], Any],
+                   log: Callable[[str], None], warn: Callable[[str], None]) -> tuple[Any, Any]:
+    """The last step: every activation int16, weights int8 (TFLite's 16x8). It replaces the failed build only
+    where it passes verification; either way the record says what it measured, with both builds' host latency
+    (16x8 runs on LiteRT's reference kernels: the cost the user pays for it)."""
+    record = artifact.meta.setdefault("mixed_precision", {})
+    before = list(checked.verification.failures)
+    record.setdefault("int8_verification_failures", before)
+    warn(f"INT8 still fails verification ({_first(before)}): building it again with 16-bit activations everywhere "
+         "(int8 weights, TFLite's 16x8 mode; --strict fails instead)")
+    t0 = time.perf_counter()
+    primary = job.out_dir / artifact.primary
+    kept_bytes = primary.read_bytes()  # the 16x8 build writes the same file: the int8 one comes back if it fails
+    try:
+        wide = conv.activations16(job, artifact)
+    except (ConversionError, UnsupportedOpError) as exc:
+        primary.write_bytes(kept_bytes)
+        why = str(exc).split(": ", 1)[-1][:300]
+        record["activations16"] = {"built": False, "reason": why, "passed": False}
+        checked.verification.notes.append(f"mixed precision: the 16-bit-activation build failed ({why})")
+        return artifact, checked
+    if wide is None:  # the user chose --option activations
+        return artifact, checked
+    again = reverify(wide)
+    v = again.verification
+    lat8 = (artifact.meta.get("host_latency_ms") or {}).get("1")
+    lat16 = (wide.meta.get("host_latency_ms") or {}).get("1")
+    agree = {n: a.get("top1_agreement") for n, a in v.eval_agreement.items() if a.get("top1_agreement") is not None}
+    step = {"built": True, "passed": v.passed, "seconds": round(time.perf_counter() - t0, 1),
+            "failures": list(v.failures), "eval_top1_agreement": agree or None,
+            "host_latency_ms_1_thread": {"int8": lat8, "int16_activations": lat16}}
+    slower = (f"; host latency {lat16:.2f} ms against {lat8:.2f} ms for the int8 build (1 thread)" if lat8 and lat16
+              else "")
+    if not v.passed:
+        primary.write_bytes(kept_bytes)
+        record["activations16"] = step
+        msg = ("mixed precision: 16-bit activations everywhere were tried and fail verification too "
+               f"({_first(v.failures)}){slower}")
+        log(msg)
+        checked.verification.notes.append(msg)
+        return artifact, checked
+    wide.meta["mixed_precision"] = {**record, "activations16": step}  # passed_after: the int8 builds' verdict
+    wide.notes.insert(0, "mixed precision: INT8 activations could not hold this model"
+                      + (f" ({len(record['kept'])} layer(s) kept float did not)" if record.get("kept") else "")
+                      + "; built again with 16-bit activations everywhere (int8 weights, TFLite 16x8): "
+                      "re-verification passed" + slower)
+    return wide, again
+
+
+def _fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+              reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+              extra_steps: int = 4) -> tuple[Any, Any]:
     group = conv.float_group(job, artifact) if hasattr(conv, "float_group") else None
     if group is None:
         return _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)

@@ -82,7 +82,27 @@ def _budgets(man: dict[str, Any]) -> list[str]:
 
 
 def _mixed_precision(art: dict[str, Any]) -> list[str]:
-    """INT8 calibration as chosen, and the mixed-precision search (edgekit.mixed) where plain INT8 failed."""
+    """INT8 calibration as chosen, the mixed-precision search (edgekit.mixed) where plain INT8 failed, and its last
+    step: the build with 16-bit activations (android's 16x8)."""
+    lines = _mixed_layers(art)
+    a16 = (art.get("mixed_precision") or {}).get("activations16")
+    if not a16:
+        return lines
+    if not a16.get("built"):
+        return lines + ["", f"16-bit activations (the last step) did not build: {a16.get('reason')}."]
+    lat = a16.get("host_latency_ms_1_thread") or {}
+    agree = a16.get("eval_top1_agreement") or {}
+    cost = (f" Host latency {lat['int16_activations']:.3f} ms against {lat['int8']:.3f} ms for the int8 build (1 "
+            "thread; XNNPACK has no int16 kernels)." if lat.get("int8") and lat.get("int16_activations") else "")
+    return lines + ["", "Last step: every activation 16-bit, weights int8 (TFLite 16x8, ai-edge-quantizer), "
+                    f"{a16['seconds']:.1f} s: re-verification **{'passed' if a16['passed'] else 'FAILED'}**"
+                    + ("" if a16["passed"] else f" ({'; '.join(a16['failures'])[:400]}), so the int8 build above "
+                       "stands")
+                    + (". Eval agreement with float: " + ", ".join(f"{k} {v:.2%}" for k, v in agree.items())
+                       if agree else "") + "." + cost]
+
+
+def _mixed_layers(art: dict[str, Any]) -> list[str]:
     q = art.get("quantization") or {}
     lines = []
     if q.get("calibration_measured_snr_db"):
@@ -115,7 +135,8 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
     lines += [failed + f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, "
               f"{mp['seconds']:.1f} s): output SNR {mp['snr_db_before']:.1f} dB all-INT8 → "
               f"{mp['snr_db_after']:.1f} dB with {len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
-              f"**{'passed' if mp['passed_after'] else 'FAILED'}** (the table above).", "",
+              f"**{'passed' if mp['passed_after'] else 'FAILED'}**"
+              + (" (the int8 build; the last step below)." if mp.get("activations16") else " (the table above)."), "",
               "| layer | op | local INT8 SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
               "|---|---|---|---|---|---|"]
     kept = {k["name"] for k in mp["kept"]}

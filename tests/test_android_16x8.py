@@ -1,0 +1,126 @@
+"""android INT8 with 16-bit activations (TFLite's 16x8 mode, written by ai-edge-quantizer): asked for with
+``--option activations=int16``, and mixed precision's last step where an int8 build and its layer search fail.
+Real toolchains: litert-torch for the fp32 .tflite, ai-edge-quantizer, the LiteRT interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from edgekit.errors import ConversionError
+from edgekit.pipeline import convert
+
+pytest.importorskip("ai_edge_quantizer")
+pytest.importorskip("litert_torch")
+
+
+def _input_dtype(path) -> str:
+    from ai_edge_litert.interpreter import Interpreter
+
+    return np.dtype(Interpreter(model_path=str(path)).get_input_details()[0]["dtype"]).name
+
+
+@pytest.fixture(scope="module")
+def outlier(tmp_path_factory, digits):
+    """A small CNN on the digits whose first convolution has one channel 3000x larger than its others, read back
+    by the next convolution in an output channel of its own: per-channel int8 weights hold it, one int8 range
+    per activation tensor does not (the small channels round to a few steps), 16 bits do."""
+    torch = pytest.importorskip("torch")
+
+    class Outlier(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(1, 4, 3, padding=1)
+            self.c2 = torch.nn.Conv2d(4, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(8 * 64, 10)
+            with torch.no_grad():
+                self.c1.weight[0] *= 3000
+                self.c1.bias[0] *= 3000
+                self.c2.weight[:, 0] = 0
+                self.c2.weight[0] = 0
+                self.c2.weight[0, 0] = 1 / 3000
+
+        def forward(self, x):
+            return self.fc(torch.relu(self.c2(torch.relu(self.c1(x)))).flatten(1))
+
+    torch.manual_seed(0)
+    m = Outlier().eval()
+    x = torch.from_numpy(np.load(digits["calib"])["image"][:1])
+    path = tmp_path_factory.mktemp("outlier") / "outlier.pt2"
+    torch.export.save(torch.export.export(m, (x,)), str(path))
+    return path
+
+
+def test_int16_activations_are_closer_to_float_and_run_in_the_bundle(digits, tmp_path):
+    """--option activations=int16: int16 input/output tensors, int8 weights, the ranges taken over every
+    calibration batch; its outputs are closer to float than the int8 build's, accuracy holds, and the bundle's
+    own runner (run.py, as on the board) passes its golden check on it."""
+    common = dict(target="android", precision="int8", calib=str(digits["calib"]), eval_data=str(digits["eval"]),
+                  cache=False)
+    int8 = convert(str(digits["model"]), out=tmp_path / "int8", **common)
+    wide = convert(str(digits["model"]), out=tmp_path / "a16", options={"activations": "int16"}, **common)
+    v, art = wide.verification, wide.manifest["artifact"]
+    assert v.passed, v.failures
+    q = art["quantization"]
+    assert q["activation_bits"] == 16 and q["weights"] == "int8 symmetric per-channel" and q["calibration_batches"] > 1
+    assert art["io"]["inputs"][0]["dtype"] == "int16" and _input_dtype(wide.out_dir / "model.tflite") == "int16"
+    assert 100 * (v.float_accuracy - v.converted_accuracy) <= 0.5
+    assert v.outputs[0].max_abs_error < int8.verification.outputs[0].max_abs_error
+    assert any("16-bit activations (TFLite 16x8)" in n for n in wide.notes)
+    run = subprocess.run([sys.executable, "run.py", "--runtime", "ai_edge_litert", "--iters", "5", "--warmup", "1"],
+                         cwd=wide.out_dir, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+
+
+def test_int16_activations_with_float_io(digits, tmp_path):
+    """io=float on a 16x8 build: float32 edges (QUANTIZE / DEQUANTIZE to int16), the int16 scale in the manifest."""
+    res = convert(str(digits["model"]), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
+                  options={"activations": "int16", "io": "float"}, cache=False)
+    art = res.manifest["artifact"]
+    assert res.verification.passed
+    assert art["io"]["inputs"][0]["dtype"] == "float32" and art["int8_io"]["inputs"][0]["dtype"] == "int16"
+
+
+def test_int16_activations_need_int8_precision(digits, tmp_path):
+    with pytest.raises(ConversionError, match="activations=int16 is for --precision int8"):
+        convert(str(digits["model"]), "android", tmp_path / "o", precision="fp32", options={"activations": "int16"},
+                cache=False)
+    assert not (tmp_path / "o").exists()
+
+
+def test_where_int8_activations_cannot_hold_a_model_16_bits_do(outlier, digits, tmp_path):
+    """The outlier model fails INT8 (one range for a tensor whose channels differ 3000x); the layer search cannot
+    fix a range by keeping layers float, so mixed precision's last step builds it with 16-bit activations, which
+    passes; the record keeps the int8 search's verdict, the cost in latency and the report says both."""
+    res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
+                  eval_data=str(digits["eval"]), cache=False)
+    v, art = res.verification, res.manifest["artifact"]
+    assert v.passed, v.failures
+    mp = art["mixed_precision"]
+    assert mp["int8_verification_failures"] and not mp["passed_after"]  # the int8 builds did fail
+    a16 = mp["activations16"]
+    assert a16["passed"] and a16["eval_top1_agreement"]["output"] >= 0.99
+    lat = a16["host_latency_ms_1_thread"]
+    assert lat["int8"] > 0 and lat["int16_activations"] > 0
+    assert art["quantization"]["activation_bits"] == 16 and _input_dtype(res.out_dir / "model.tflite") == "int16"
+    assert res.notes[0].startswith("mixed precision: INT8 activations could not hold this model")
+    report = (res.out_dir / "report.md").read_text()
+    assert "Last step: every activation 16-bit" in report and "re-verification **passed**" in report
+
+
+def test_a_16x8_build_that_fails_too_leaves_the_int8_build(outlier, digits, tmp_path):
+    """Where 16 bits fail as well (a tolerance no quantized build meets), the int8 build stays: its file, its
+    record, a failed verdict; the 16x8 attempt is recorded and said."""
+    res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
+                  cache=False, fail_on_verification=False, tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0})
+    v, art = res.verification, res.manifest["artifact"]
+    assert not v.passed
+    assert art["mixed_precision"]["activations16"]["built"] and not art["mixed_precision"]["activations16"]["passed"]
+    assert "activation_bits" not in art["quantization"]
+    # the file on disk is the int8 build the record describes, not the 16x8 one written over it and undone
+    assert _input_dtype(res.out_dir / "model.tflite") == art["io"]["inputs"][0]["dtype"] != "int16"
+    assert any("16-bit activations everywhere were tried and fail verification too" in n for n in v.notes)
+    assert "so the int8 build above stands" in (res.out_dir / "report.md").read_text()
