@@ -445,8 +445,35 @@ class TFLiteConverter:
         key = next(iter(interp.get_signature_list()))
         by_index = {d["index"]: name for name, d in interp.get_signature_runner(key).get_input_details().items()}
         sig_names = [by_index[d["index"]] for d in interp.get_input_details()]  # in the model's input order
-        q = aq.Quantizer(str(src))
-        q.load_quantization_recipe(recipe.static_wi8_ai16())
+        try:
+            q = aq.Quantizer(str(src))
+            q.load_quantization_recipe(recipe.static_wi8_ai16())
+            ranges, n_batches = self._a16_ranges(job, q, key, sig_names, layout)
+            if n_batches == 0:
+                raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+            with job.substep("16x8 quantization"), quiet_python():
+                res = q.quantize(ranges)
+        except (InputSpecError, ConversionError):
+            raise
+        except Exception as exc:  # ai-edge-quantizer raises many types on an op or graph it does not take
+            raise ConversionError(f"{m.source}: ai-edge-quantizer could not write the 16x8 model "
+                                  f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
+                                  "--option activations out)") from None
+        dest.write_bytes(bytes(res.quantized_model))
+        job.log(f"16-bit activations: ai-edge-quantizer static_wi8_ai16, min/max ranges over {n_batches} batches")
+        meta["quantization"] = {
+            "tool": f"ai-edge-quantizer {_dist_version('ai-edge-quantizer')} static_wi8_ai16 (TFLite 16x8)",
+            "weights": "int8 symmetric per-channel", "activations": "int16 symmetric per-tensor (min/max)",
+            "io": "int16", "calibration_method": "minmax", "calibration_chosen": "min/max over every batch (16 bits "
+            "leave room for the whole range)", "calibration_batches": n_batches,
+            "calibration_source": job.calib.source, "activation_bits": 16,
+        }
+        return meta
+
+    @staticmethod
+    def _a16_ranges(job: ConvertJob, q: Any, key: str, sig_names: list[str], layout: str) -> tuple[dict, int]:
+        """Each tensor's min and max over every --calib batch (one ai-edge-quantizer calibration per batch)."""
+        m = job.model
         ranges: dict[str, Any] = {}
         n_batches = 0
         assert job.calib is not None  # the pipeline refuses int8 without --calib
@@ -463,20 +490,7 @@ class TFLiteConverter:
                         v = {**ranges[t], "min": np.minimum(ranges[t]["min"], v["min"]),
                              "max": np.maximum(ranges[t]["max"], v["max"])}
                     ranges[t] = v
-        if n_batches == 0:
-            raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
-        with job.substep("16x8 quantization"), quiet_python():
-            res = q.quantize(ranges)
-        dest.write_bytes(bytes(res.quantized_model))
-        job.log(f"16-bit activations: ai-edge-quantizer static_wi8_ai16, min/max ranges over {n_batches} batches")
-        meta["quantization"] = {
-            "tool": f"ai-edge-quantizer {_dist_version('ai-edge-quantizer')} static_wi8_ai16 (TFLite 16x8)",
-            "weights": "int8 symmetric per-channel", "activations": "int16 symmetric per-tensor (min/max)",
-            "io": "int16", "calibration_method": "minmax", "calibration_chosen": "min/max over every batch (16 bits "
-            "leave room for the whole range)", "calibration_batches": n_batches,
-            "calibration_source": job.calib.source, "activation_bits": 16,
-        }
-        return meta
+        return ranges, n_batches
 
     def _finish(self, job: ConvertJob, dest: Path, meta: dict[str, Any], notes: list[str], t0: float,
                 io_kind: str, allow_fallback: bool) -> Artifact:
