@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import time
 from collections.abc import Callable
@@ -65,6 +66,8 @@ from edgekit.tflite_graph import TFLiteGraph, text
 
 PRIMARY = "model.tflite"
 EXTRA = "android"
+# 16x8: ops a LiteRT int16 kernel refuses to prepare are kept float one at a time, at most this many
+A16_KERNEL_RETRIES = 8
 
 # TFLite builtins with int8 kernels that XNNPACK (CPU), the GPU delegate (via dequant) and
 # NNAPI take (TFLite op versions docs, xnnpack/README.md "Quantized operators").
@@ -424,6 +427,7 @@ class TFLiteConverter:
         m = job.model
         aq = require("ai_edge_quantizer.quantizer", EXTRA)
         recipe = require("ai_edge_quantizer.recipe", EXTRA)
+        qtyping = require("ai_edge_quantizer.qtyping", EXTRA)
         src = job.work_dir / "float-for-16x8.tflite"
         if m.is_tf:
             meta: dict[str, Any] = {"layout": "source", "source_layout": m.inputs[0].layout or "as the model",
@@ -445,21 +449,42 @@ class TFLiteConverter:
         key = next(iter(interp.get_signature_list()))
         by_index = {d["index"]: name for name, d in interp.get_signature_runner(key).get_input_details().items()}
         sig_names = [by_index[d["index"]] for d in interp.get_input_details()]  # in the model's input order
+        float_for_kernels: list[str] = []  # ops kept float because LiteRT's int16 kernel refused them
         try:
             q = aq.Quantizer(str(src))
             q.load_quantization_recipe(recipe.static_wi8_ai16())
             ranges, n_batches = self._a16_ranges(job, q, key, sig_names, layout)
             if n_batches == 0:
                 raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
-            with job.substep("16x8 quantization"), quiet_python():
-                res = q.quantize(ranges)
+            for _ in range(A16_KERNEL_RETRIES + 1):
+                with job.substep("16x8 quantization"), quiet_python():
+                    res = q.quantize(ranges)
+                dest.write_bytes(bytes(res.quantized_model))
+                refused = _refused_node(dest)
+                if refused is None:
+                    break
+                # LiteRT's int16 kernels check more than ai-edge-quantizer does (oww-hey-mycroft: an ADD of two
+                # int16 inputs whose scales its general path cannot rescale): that op stays float, quantize again
+                op, tensor, why = refused
+                if len(float_for_kernels) == A16_KERNEL_RETRIES:
+                    raise ConversionError(f"{m.source}: the 16x8 model does not load in LiteRT: {op} ({why}), "
+                                          f"after {A16_KERNEL_RETRIES} ops were kept float for the same reason")
+                if any(f.startswith(op + " ") for f in float_for_kernels):  # again: every op of that kind float
+                    float_for_kernels.append(f"{op} (every one: {why})")
+                    job.log(f"16x8: LiteRT's int16 {op} kernel refuses a second node ({why}); every {op} kept float")
+                    q.update_quantization_recipe(regex=".*", operation_name=qtyping.TFLOperationName(op),
+                                                 algorithm_key="no_quantize")
+                    continue
+                float_for_kernels.append(f"{op} ({_short(tensor, 60)}: {why})")
+                job.log(f"16x8: LiteRT's int16 {op} kernel refuses node {tensor!r} ({why}); kept float")
+                q.update_quantization_recipe(regex=re.escape(tensor) + "$", operation_name="*",
+                                             algorithm_key="no_quantize")
         except (InputSpecError, ConversionError):
             raise
         except Exception as exc:  # ai-edge-quantizer raises many types on an op or graph it does not take
             raise ConversionError(f"{m.source}: ai-edge-quantizer could not write the 16x8 model "
                                   f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
                                   "--option activations out)") from None
-        dest.write_bytes(bytes(res.quantized_model))
         job.log(f"16-bit activations: ai-edge-quantizer static_wi8_ai16, min/max ranges over {n_batches} batches")
         meta["quantization"] = {
             "tool": f"ai-edge-quantizer {_dist_version('ai-edge-quantizer')} static_wi8_ai16 (TFLite 16x8)",
@@ -468,6 +493,8 @@ class TFLiteConverter:
             "leave room for the whole range)", "calibration_batches": n_batches,
             "calibration_source": job.calib.source, "activation_bits": 16,
         }
+        if float_for_kernels:
+            meta["quantization"]["float_for_litert_int16_kernels"] = float_for_kernels
         return meta
 
     @staticmethod
@@ -507,6 +534,9 @@ class TFLiteConverter:
         full_int8 = job.precision == "int8"  # at fp32 / fp16 / int8-dynamic every op computes in float by request
         listed_float = (_float_counts(rep["float_ops"]) if full_int8 and wide_activations(job)
                         else format_float_ops(rep["float_ops"]))
+        if full_int8 and meta["quantization"].get("float_for_litert_int16_kernels"):
+            notes.append("kept float because LiteRT's int16 kernels refuse to prepare them: "
+                         + "; ".join(meta["quantization"]["float_for_litert_int16_kernels"]))
         if full_int8 and wide_activations(job):
             notes.append("16-bit activations (TFLite 16x8): XNNPACK, the GPU delegate and NNAPI take no int16 "
                          "activations, so LiteRT runs its reference int16 kernels on the CPU (slower than int8; the "
@@ -980,6 +1010,24 @@ def _builtin_refusal(path: Path) -> str | None:
     except (RuntimeError, ValueError) as exc:
         return str(exc).strip().splitlines()[0][:240] if str(exc).strip() else type(exc).__name__
     return None
+
+
+def _refused_node(path: Path) -> tuple[str, str, str] | None:
+    """(op, its output tensor's name, LiteRT's reason) where the .tflite fails to load in LiteRT because one node
+    failed to prepare; None where it loads. Any other load failure raises as it is."""
+    try:
+        _interpreter(path, 1)
+        return None
+    except (RuntimeError, ValueError) as exc:
+        found = re.search(r"(?s)(.*?)Node number (\d+) \((\w+)\) failed to prepare", str(exc))
+        if not found:
+            raise ConversionError(f"{path.name} does not load in LiteRT: {str(exc)[:300]}") from None
+        why, k, op = found.group(1).strip().replace("\n", " ")[-200:], int(found.group(2)), found.group(3)
+    g = TFLiteGraph(path)
+    ops = list(g.operators())
+    if k >= len(ops) or not ops[k][2]:
+        raise ConversionError(f"{path.name} does not load in LiteRT: node {k} ({op}) failed to prepare: {why}")
+    return op, g.tensor_name(ops[k][2][0]), why
 
 
 def _interpreter(path: Path, threads: int):
