@@ -364,6 +364,7 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, reverify: C
         checked.verification.notes.append(msg)
         return artifact, checked
     wide.meta["mixed_precision"] = {**record, "activations16": step}  # passed_after: the int8 builds' verdict
+    wide.files += [f for f in artifact.files if f not in wide.files]  # the search's sensitivity plot
     wide.notes.insert(0, "mixed precision: INT8 activations could not hold this model"
                       + (f" ({len(record['kept'])} layer(s) kept float did not)" if record.get("kept") else "")
                       + "; built again with 16-bit activations everywhere (int8 weights, TFLite 16x8): "

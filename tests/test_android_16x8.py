@@ -109,6 +109,7 @@ def test_where_int8_activations_cannot_hold_a_model_16_bits_do(outlier, digits, 
     assert res.notes[0].startswith("mixed precision: INT8 activations could not hold this model")
     report = (res.out_dir / "report.md").read_text()
     assert "Last step: every activation 16-bit" in report and "re-verification **passed**" in report
+    assert "sensitivity.png" in res.manifest["files"] and (res.out_dir / "sensitivity.png").is_file()
 
 
 def test_a_16x8_build_that_fails_too_leaves_the_int8_build(outlier, digits, tmp_path):
