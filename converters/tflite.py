@@ -445,12 +445,12 @@ class TFLiteConverter:
             edge = self._lower(_litert_torch(), self._module(job), sample, layout, None, m)
             with quiet_python():
                 edge.export(str(src))
-        interp = _interpreter(src, 1)
-        key = next(iter(interp.get_signature_list()))
-        by_index = {d["index"]: name for name, d in interp.get_signature_runner(key).get_input_details().items()}
-        sig_names = [by_index[d["index"]] for d in interp.get_input_details()]  # in the model's input order
         float_for_kernels: list[str] = []  # ops kept float because LiteRT's int16 kernel refused them
         try:
+            interp = _interpreter(src, 1)
+            key = next(iter(interp.get_signature_list()))
+            by_index = {d["index"]: name for name, d in interp.get_signature_runner(key).get_input_details().items()}
+            sig_names = [by_index[d["index"]] for d in interp.get_input_details()]  # in the model's input order
             q = aq.Quantizer(str(src))
             q.load_quantization_recipe(recipe.static_wi8_ai16())
             ranges, n_batches = self._a16_ranges(job, q, key, sig_names, layout)
