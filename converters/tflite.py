@@ -360,36 +360,35 @@ class TFLiteConverter:
         dest = job.out_dir / PRIMARY
         notes: list[str] = []
         t0 = time.perf_counter()
-        if wide_activations(job):
-            if job.precision != "int8":
-                raise ConversionError(f"--option activations=int16 is for --precision int8 (int8 weights, int16 "
-                                      f"activations); {job.precision} has no quantized activations")
-            meta = self._a16(job, dest)
-        elif m.is_tf:
+        if m.is_tf:
             if job.options.get("layout"):
                 raise ConversionError(
                     f"--option layout={job.options['layout']}: layout is for torch (NCHW) models; the .tflite of a "
                     "Keras / SavedModel model keeps the model's own layout (NHWC), no TRANSPOSE needed"
                 )
             # "source": the .tflite takes the model's own tensors as they are (runners transpose nothing)
-            meta: dict[str, Any] = {"layout": "source", "source_layout": m.inputs[0].layout or "as the model",
-                                    "converter": "TensorFlow TFLiteConverter"}
-            reuse = Path(job.float_tflite) if job.float_tflite is not None else None
-            record = reuse.with_name(reuse.name + ".json") if reuse is not None else None
-            if job.precision == "fp32" and reuse is not None and reuse.is_file() and record.is_file():
-                dest.write_bytes(reuse.read_bytes())  # the analyze stage's fp32 conversion, not done twice
-                meta["quantization"] = json.loads(record.read_text())
-                t0 -= meta["quantization"].pop("conversion_s", 0.0)  # conversion_s: that conversion's time
-                meta["quantization"]["reused"] = "converted by the analyze stage"
-            else:
-                meta["quantization"] = tf_convert(m, dest, job.precision, job.calib, job.work_dir, allow_fallback,
-                                                  log=job.log)
-            meta["toolchain"] = toolchain_versions("tensorflow-cpu", "tensorflow", "keras")
+            layout = "source"
+            meta: dict[str, Any] = {"layout": layout, "source_layout": m.inputs[0].layout or "as the model",
+                                    "converter": "TensorFlow TFLiteConverter",
+                                    "toolchain": toolchain_versions("tensorflow-cpu", "tensorflow", "keras")}
         else:
             layout = str(job.options.get("layout") or "nchw").lower()
             if layout not in ("nchw", "nhwc"):
                 raise ConversionError(f"--option layout={layout}: choose nchw (as the torch model) or nhwc")
             meta = {"layout": layout, "converter": "litert-torch"}
+        if wide_activations(job):
+            if job.precision != "int8":
+                raise ConversionError(f"--option activations=int16 is for --precision int8 (int8 weights, int16 "
+                                      f"activations); {job.precision} has no quantized activations")
+            meta["converter"] += ", then ai-edge-quantizer"
+            meta["quantization"] = self._a16(job, dest, layout)
+        elif job.precision == "fp32":
+            meta["quantization"] = self._float_tflite(job, dest, layout)
+            t0 -= meta["quantization"].pop("conversion_s", 0.0)  # reused: that conversion's time
+        elif m.is_tf:
+            meta["quantization"] = tf_convert(m, dest, job.precision, job.calib, job.work_dir, allow_fallback,
+                                              log=job.log)
+        else:
             meta["quantization"] = self._convert_torch(job, dest, layout)
         if job.precision == "int8" and io_kind == "float":
             meta["int8_io"] = audit(dest)["io"]  # the scale/zero point inside the float edges (int16: 16x8)
@@ -398,53 +397,53 @@ class TFLiteConverter:
             job.log(f"io=float: {n} int8 input/output tensor(s) given float32 twins")
         return self._finish(job, dest, meta, notes, t0, io_kind, allow_fallback)
 
+    def _float_tflite(self, job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
+        """The fp32 .tflite at ``dest``: litert-torch from the float program, or TensorFlow's TFLiteConverter for
+        Keras / SavedModel (the analyze stage's conversion copied where it made one; then the record carries
+        ``conversion_s``, that conversion's time). Returns the quantization record."""
+        m = job.model
+        if m.is_tf:
+            reuse = Path(job.float_tflite) if job.float_tflite is not None else None
+            record = reuse.with_name(reuse.name + ".json") if reuse is not None else None
+            if reuse is not None and reuse.is_file() and record.is_file():
+                dest.write_bytes(reuse.read_bytes())  # the analyze stage's fp32 conversion, not done twice
+                return {**json.loads(record.read_text()), "reused": "converted by the analyze stage"}
+            return tf_convert(m, dest, "fp32", None, job.work_dir, log=job.log)
+        torch = require("torch")
+        sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+        edge = self._lower(_litert_torch(), self._module(job), sample, layout, None, m)
+        with quiet_python():
+            edge.export(str(dest))
+        return {"tool": "litert-torch", "weights": "fp32", "activations": "fp32", "io": "float32"}
+
     def _convert_torch(self, job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
-        """litert-torch: fp32 / fp16 from the float program, int8 / int8-dynamic through PT2E."""
+        """litert-torch: fp16 from the float program, int8 / int8-dynamic through PT2E (fp32: _float_tflite)."""
         m = job.model
         torch = require("torch")
         lt = _litert_torch()
+        if job.precision == "fp16":
+            self._float_tflite(job, job.work_dir / "float.tflite", layout)
+            return self._fp16(job.work_dir / "float.tflite", dest)
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
         module = self._module(job)
-        if job.precision in ("fp32", "fp16"):
-            edge = self._lower(lt, module, sample, layout, None, m)
-            with quiet_python():
-                edge.export(str(job.work_dir / "float.tflite") if job.precision == "fp16" else str(dest))
-            if job.precision == "fp16":
-                return self._fp16(job.work_dir / "float.tflite", dest)
-            return {"tool": "litert-torch", "weights": "fp32", "activations": "fp32", "io": "float32"}
         info, edge = self._pt2e(job, lt, module, sample, layout, dynamic=job.precision != "int8")
         with quiet_python():
             edge.export(str(dest))
         return info
 
-    def _a16(self, job: ConvertJob, dest: Path) -> dict[str, Any]:
-        """``activations=int16``: the fp32 .tflite (litert-torch, or TensorFlow for Keras / SavedModel), then
-        ai-edge-quantizer's ``static_wi8_ai16`` recipe: int8 per-channel weights, int16 symmetric per-tensor
-        activations. Ranges are the min and max over every --calib batch: ai-edge-quantizer's own calibration
-        keeps a moving average of each batch's min/max (smoothing 0.95), which ends inside the data's range
-        (ppocr-cls: input range +-0.93 for data reaching +-1.0, 25% of the pixels clipped, 22.9 dB output SNR
-        against 29.5 dB with the true range)."""
+    def _a16(self, job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
+        """``activations=int16``: the fp32 .tflite (:meth:`_float_tflite`), then ai-edge-quantizer's
+        ``static_wi8_ai16`` recipe: int8 per-channel weights, int16 symmetric per-tensor activations. Ranges are
+        the min and max over every --calib batch: ai-edge-quantizer's own calibration keeps a moving average of
+        each batch's min/max (smoothing 0.95), which ends inside the data's range (ppocr-cls: input range +-0.93
+        for data reaching +-1.0, 25% of the pixels clipped, 22.9 dB output SNR against 29.5 dB with the true
+        range). Returns the quantization record."""
         m = job.model
         aq = require("ai_edge_quantizer.quantizer", EXTRA)
         recipe = require("ai_edge_quantizer.recipe", EXTRA)
         qtyping = require("ai_edge_quantizer.qtyping", EXTRA)
         src = job.work_dir / "float-for-16x8.tflite"
-        if m.is_tf:
-            meta: dict[str, Any] = {"layout": "source", "source_layout": m.inputs[0].layout or "as the model",
-                                    "converter": "TensorFlow TFLiteConverter, then ai-edge-quantizer"}
-            tf_convert(m, src, "fp32", None, job.work_dir, log=job.log)
-            meta["toolchain"] = toolchain_versions("tensorflow-cpu", "tensorflow", "keras")
-            layout = "source"
-        else:
-            torch = require("torch")
-            layout = str(job.options.get("layout") or "nchw").lower()
-            if layout not in ("nchw", "nhwc"):
-                raise ConversionError(f"--option layout={layout}: choose nchw (as the torch model) or nhwc")
-            meta = {"layout": layout, "converter": "litert-torch, then ai-edge-quantizer"}
-            sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-            edge = self._lower(_litert_torch(), self._module(job), sample, layout, None, m)
-            with quiet_python():
-                edge.export(str(src))
+        self._float_tflite(job, src, layout)
         float_for_kernels: list[str] = []  # ops kept float because LiteRT's int16 kernel refused them
         try:
             interp = _interpreter(src, 1)
@@ -486,7 +485,7 @@ class TFLiteConverter:
                                   f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
                                   "--option activations out)") from None
         job.log(f"16-bit activations: ai-edge-quantizer static_wi8_ai16, min/max ranges over {n_batches} batches")
-        meta["quantization"] = {
+        info = {
             "tool": f"ai-edge-quantizer {_dist_version('ai-edge-quantizer')} static_wi8_ai16 (TFLite 16x8)",
             "weights": "int8 symmetric per-channel", "activations": "int16 symmetric per-tensor (min/max)",
             "io": "int16", "calibration_method": "minmax", "calibration_chosen": "min/max over every batch (16 bits "
@@ -494,8 +493,8 @@ class TFLiteConverter:
             "calibration_source": job.calib.source, "activation_bits": 16,
         }
         if float_for_kernels:
-            meta["quantization"]["float_for_litert_int16_kernels"] = float_for_kernels
-        return meta
+            info["float_for_litert_int16_kernels"] = float_for_kernels
+        return info
 
     @staticmethod
     def _a16_ranges(job: ConvertJob, q: Any, key: str, sig_names: list[str], layout: str) -> tuple[dict, int]:

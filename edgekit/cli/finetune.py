@@ -54,8 +54,7 @@ def finetune(
         res = run(model, data, out, target=target, epochs=epochs, batch_size=batch_size, lr=lr, temperature=temperature,
                   feature_weight=feature_weight, prune=prune, amp=amp, checkpoint_every=checkpoint_every,
                   checkpoint_dir=checkpoint_dir, resume=resume, seed=seed, holdout=holdout, device=device,
-                  input_shape=input_shape,
-                  trust_pickle=trust_pickle, on_step=on_step,
+                  input_shape=input_shape, trust_pickle=trust_pickle, on_step=on_step,
                   log=lambda m: rank0 and err.print(f"  [dim]{m}[/]", highlight=False))
     finally:
         progress.stop()
@@ -67,8 +66,7 @@ def finetune(
     agree = "" if res.agreement_after is None else (
         f", top-1 agreement with float {res.agreement_before:.1%} → {res.agreement_after:.1%}")
     console.print(f"distillation loss (int8 fake-quant vs float, all {res.record['recipe']['samples']} training "
-                  "inputs) "
-                  f"{res.loss_before:.4g} → {res.loss_after:.4g}{agree}")
+                  f"inputs) {res.loss_before:.4g} → {res.loss_after:.4g}{agree}")
     if res.holdout:
         console.print(holdout_line(res.holdout))
     console.print(f"{res.steps} steps, {res.epochs} epochs on {res.world_size} process(es)"
