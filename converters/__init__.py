@@ -78,11 +78,15 @@ class TFLiteOptions(_Options):
         "int8", description="int8 builds: int8 activations, or int16 (TFLite's 16x8 mode by ai-edge-quantizer: int8 "
         "weights, int16 activations and I/O; closer to float, slower: no XNNPACK/GPU/NNAPI kernels). Unset, mixed "
         "precision tries int16 last where an int8 build fails verification")
+    keep_float_tensors: list[str] = Field(
+        default_factory=list, description="with activations=int16: ops kept float in the 16x8 model, named by their "
+        "output tensor in the fp32 .tflite (mixed precision's 16x8 layer search writes these)")
     keras: Literal["tflite", "onnx"] = Field(
         "tflite", description="Keras / SavedModel input: tflite (TensorFlow's TFLiteConverter quantizes the whole "
         "model) or onnx (tf2onnx, then the PT2E path of ONNX and torch input: INT8 mixed precision can keep "
         "chosen layers float there)")
-    _names = field_validator("keep_float_nodes", mode="before")(lambda cls, v: _split_names(v))
+    _names = field_validator("keep_float_nodes", "keep_float_tensors", mode="before")(
+        lambda cls, v: _split_names(v))
 
 
 class CoreMLOptions(_Options):
@@ -151,6 +155,8 @@ class ConvertJob:
     warn: Callable[[str], None] = print
     float_tflite: Path | None = None  # the fp32 .tflite the analyze stage made from a Keras / SavedModel model
     step: Callable[[str, str], None] = lambda name, msg: None  # progress of a long sub-step: "start", "3/16", "1.2 s"
+    # what a converter made once and reuses in this job's rebuilds (mixed precision), e.g. 16x8's calibration ranges
+    cache: dict[str, Any] = field(default_factory=dict)
 
     @contextmanager
     def substep(self, name: str) -> Iterator[None]:

@@ -50,6 +50,7 @@ import re
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,7 +59,7 @@ from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_f
 
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
-from edgekit.mixed import Layer, Search, keep_layers, output_snr_db, search_feeds
+from edgekit.mixed import A16_SEARCH_RUN_S, Layer, Search, keep_layers, output_snr_db, search_feeds
 from edgekit.mixed import db as mixed_db
 from edgekit.quiet import quiet_python
 from edgekit.tf_graph import tf_convert
@@ -339,6 +340,29 @@ def _lstm_float(job: ConvertJob) -> bool:
     return str(job.options.get("lstm") or "int8").lower() == "float"
 
 
+def _scope_regex(tensor: str) -> str:
+    """ai-edge-quantizer's recipe regex for the op writing ``tensor``: it matches an op's scope, its output tensor
+    names each followed by ";" (``tfl_flatbuffer_utils.get_op_scope``)."""
+    return "(^|;)" + re.escape(tensor) + ";"
+
+
+def _a16_recipe() -> Any:
+    return require("ai_edge_quantizer.recipe", EXTRA).static_wi8_ai16()
+
+
+@dataclass
+class _A16:
+    """What every 16x8 build of one model shares: the fp32 .tflite, its ai-edge-quantizer, the calibration ranges,
+    and the ops LiteRT's int16 kernels refused (kept float in every later build)."""
+    src: Path
+    q: Any
+    ranges: dict[str, Any]
+    n_batches: int
+    outputs: set[str]  # every op's output tensor name in the fp32 .tflite (what keep_float_tensors may name)
+    refusals: list[tuple[str, Any]] = field(default_factory=list)  # (tensor regex, op) recipe entries, no_quantize
+    float_for_kernels: list[str] = field(default_factory=list)
+
+
 class TFLiteConverter:
     name = "tflite"
 
@@ -376,6 +400,9 @@ class TFLiteConverter:
             if layout not in ("nchw", "nhwc"):
                 raise ConversionError(f"--option layout={layout}: choose nchw (as the torch model) or nhwc")
             meta = {"layout": layout, "converter": "litert-torch"}
+        if job.options.get("keep_float_tensors") and not wide_activations(job):
+            raise ConversionError("--option keep_float_tensors names ops of the 16x8 model: it goes with --option "
+                                  "activations=int16 (an int8 build keeps torch.export nodes: keep_float_nodes)")
         if wide_activations(job):
             if job.precision != "int8":
                 raise ConversionError(f"--option activations=int16 is for --precision int8 (int8 weights, int16 "
@@ -437,27 +464,76 @@ class TFLiteConverter:
         the min and max over every --calib batch: ai-edge-quantizer's own calibration keeps a moving average of
         each batch's min/max (smoothing 0.95), which ends inside the data's range (ppocr-cls: input range +-0.93
         for data reaching +-1.0, 25% of the pixels clipped, 22.9 dB output SNR against 29.5 dB with the true
-        range). Returns the quantization record."""
+        range). Ops named in ``keep_float_tensors`` stay float. Returns the quantization record."""
+        a = self._a16_source(job, layout)
+        kept = list(job.options.get("keep_float_tensors") or [])
+        self._a16_write(job, a, dest, kept)
+        job.log(f"16-bit activations: ai-edge-quantizer static_wi8_ai16, min/max ranges over {a.n_batches} batches"
+                + (f"; {len(kept)} op(s) kept float" if kept else ""))
+        info = {
+            "tool": f"ai-edge-quantizer {_dist_version('ai-edge-quantizer')} static_wi8_ai16 (TFLite 16x8)",
+            "weights": "int8 symmetric per-channel", "activations": "int16 symmetric per-tensor (min/max)",
+            "io": "int16", "calibration_method": "minmax", "calibration_chosen": "min/max over every batch (16 bits "
+            "leave room for the whole range)", "calibration_batches": a.n_batches,
+            "calibration_source": job.calib.source, "activation_bits": 16,
+        }
+        if a.float_for_kernels:
+            info["float_for_litert_int16_kernels"] = list(a.float_for_kernels)
+        if kept:
+            info["keep_float_tensors"] = kept
+        return info
+
+    def _a16_source(self, job: ConvertJob, layout: str) -> _A16:
+        """The fp32 .tflite, its ai-edge-quantizer and the calibration ranges: made once per model and layout,
+        reused by the 16x8 layer search's builds (each then only quantizes: about 3 s on ppocr-cls)."""
+        if f"a16-{layout}" in job.cache:
+            return job.cache[f"a16-{layout}"]
         m = job.model
         aq = require("ai_edge_quantizer.quantizer", EXTRA)
-        recipe = require("ai_edge_quantizer.recipe", EXTRA)
-        qtyping = require("ai_edge_quantizer.qtyping", EXTRA)
         src = job.work_dir / "float-for-16x8.tflite"
         self._float_tflite(job, src, layout)
-        float_for_kernels: list[str] = []  # ops kept float because LiteRT's int16 kernel refused them
         try:
             interp = _interpreter(src, 1)
-            key = next(iter(interp.get_signature_list()))
-            by_index = {d["index"]: name for name, d in interp.get_signature_runner(key).get_input_details().items()}
+            sig = next(iter(interp.get_signature_list()))
+            by_index = {d["index"]: name for name, d in interp.get_signature_runner(sig).get_input_details().items()}
             sig_names = [by_index[d["index"]] for d in interp.get_input_details()]  # in the model's input order
             q = aq.Quantizer(str(src))
-            q.load_quantization_recipe(recipe.static_wi8_ai16())
-            ranges, n_batches = self._a16_ranges(job, q, key, sig_names, layout)
-            if n_batches == 0:
-                raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+            q.load_quantization_recipe(_a16_recipe())
+            ranges, n_batches = self._a16_ranges(job, q, sig, sig_names, layout)
+        except (InputSpecError, ConversionError):
+            raise
+        except Exception as exc:  # ai-edge-quantizer raises many types on an op or graph it does not take
+            raise ConversionError(f"{m.source}: ai-edge-quantizer could not calibrate the 16x8 model "
+                                  f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
+                                  "--option activations out)") from None
+        if n_batches == 0:
+            raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+        g = TFLiteGraph(src)
+        outputs = {g.tensor_name(o[2][0]) for o in g.operators() if o[2]}
+        a = _A16(src, q, ranges, n_batches, outputs)
+        job.cache[f"a16-{layout}"] = a
+        return a
+
+    def _a16_write(self, job: ConvertJob, a: _A16, dest: Path, kept: list[str]) -> None:
+        """The 16x8 model at ``dest`` with the ops whose output tensors are ``kept`` float. Ops LiteRT's int16
+        kernels refuse to prepare are kept float too and it is quantized again (remembered for later builds)."""
+        m = job.model
+        qtyping = require("ai_edge_quantizer.qtyping", EXTRA)
+        unknown = [t for t in kept if t not in a.outputs]
+        if unknown:
+            raise ConversionError(f"--option keep_float_tensors: no op of the fp32 .tflite writes "
+                                  f"{', '.join(map(repr, unknown[:5]))}; name ops by their output tensor (the 16x8 "
+                                  "build's report lists them)")
+        try:
+            a.q.load_quantization_recipe(_a16_recipe())
+            for regex, op in a.refusals:
+                a.q.update_quantization_recipe(regex=regex, operation_name=op, algorithm_key="no_quantize")
+            for t in kept:
+                a.q.update_quantization_recipe(regex=_scope_regex(t), operation_name="*",
+                                               algorithm_key="no_quantize")
             for _ in range(A16_KERNEL_RETRIES + 1):
                 with job.substep("16x8 quantization"), quiet_python():
-                    res = q.quantize(ranges)
+                    res = a.q.quantize(a.ranges)
                 dest.write_bytes(bytes(res.quantized_model))
                 refused = _refused_node(dest)
                 if refused is None:
@@ -465,36 +541,25 @@ class TFLiteConverter:
                 # LiteRT's int16 kernels check more than ai-edge-quantizer does (oww-hey-mycroft: an ADD of two
                 # int16 inputs whose scales its general path cannot rescale): that op stays float, quantize again
                 op, tensor, why = refused
-                if len(float_for_kernels) == A16_KERNEL_RETRIES:
+                if len(a.float_for_kernels) == A16_KERNEL_RETRIES:
                     raise ConversionError(f"{m.source}: the 16x8 model does not load in LiteRT: {op} ({why}), "
                                           f"after {A16_KERNEL_RETRIES} ops were kept float for the same reason")
-                if any(f.startswith(op + " ") for f in float_for_kernels):  # again: every op of that kind float
-                    float_for_kernels.append(f"{op} (every one: {why})")
+                if any(f.startswith(op + " ") for f in a.float_for_kernels):  # again: every op of that kind float
+                    a.float_for_kernels.append(f"{op} (every one: {why})")
                     job.log(f"16x8: LiteRT's int16 {op} kernel refuses a second node ({why}); every {op} kept float")
-                    q.update_quantization_recipe(regex=".*", operation_name=qtyping.TFLOperationName(op),
-                                                 algorithm_key="no_quantize")
-                    continue
-                float_for_kernels.append(f"{op} ({_short(tensor, 60)}: {why})")
-                job.log(f"16x8: LiteRT's int16 {op} kernel refuses node {tensor!r} ({why}); kept float")
-                q.update_quantization_recipe(regex=re.escape(tensor) + "$", operation_name="*",
-                                             algorithm_key="no_quantize")
+                    a.refusals.append((".*", qtyping.TFLOperationName(op)))
+                else:
+                    a.float_for_kernels.append(f"{op} ({_short(tensor, 60)}: {why})")
+                    job.log(f"16x8: LiteRT's int16 {op} kernel refuses node {tensor!r} ({why}); kept float")
+                    a.refusals.append((_scope_regex(tensor), "*"))
+                a.q.update_quantization_recipe(regex=a.refusals[-1][0], operation_name=a.refusals[-1][1],
+                                               algorithm_key="no_quantize")
         except (InputSpecError, ConversionError):
             raise
         except Exception as exc:  # ai-edge-quantizer raises many types on an op or graph it does not take
             raise ConversionError(f"{m.source}: ai-edge-quantizer could not write the 16x8 model "
                                   f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
                                   "--option activations out)") from None
-        job.log(f"16-bit activations: ai-edge-quantizer static_wi8_ai16, min/max ranges over {n_batches} batches")
-        info = {
-            "tool": f"ai-edge-quantizer {_dist_version('ai-edge-quantizer')} static_wi8_ai16 (TFLite 16x8)",
-            "weights": "int8 symmetric per-channel", "activations": "int16 symmetric per-tensor (min/max)",
-            "io": "int16", "calibration_method": "minmax", "calibration_chosen": "min/max over every batch (16 bits "
-            "leave room for the whole range)", "calibration_batches": n_batches,
-            "calibration_source": job.calib.source, "activation_bits": 16,
-        }
-        if float_for_kernels:
-            info["float_for_litert_int16_kernels"] = float_for_kernels
-        return info
 
     @staticmethod
     def _a16_ranges(job: ConvertJob, q: Any, key: str, sig_names: list[str], layout: str) -> tuple[dict, int]:
@@ -559,8 +624,10 @@ class TFLiteConverter:
             if rep["float_ops"]:
                 listed = format_float_ops(rep["float_ops"])
                 if wide_activations(job):  # ai-edge-quantizer has no int16 version of some ops (HARD_SWISH)
-                    notes.append(f"ops float in the 16x8 build (ai-edge-quantizer maps no int16 kernel to them; "
-                                 f"DEQUANTIZE and QUANTIZE around them): {_float_counts(rep['float_ops'])}")
+                    kept = job.options.get("keep_float_tensors") or []
+                    notes.append(f"ops float in the 16x8 build (DEQUANTIZE and QUANTIZE around them; "
+                                 + (f"{len(kept)} kept by keep_float_tensors, the others " if kept else "")
+                                 + f"ai-edge-quantizer maps no int16 kernel to them): {_float_counts(rep['float_ops'])}")
                 elif job.options.get("keep_float_nodes") or _lstm_float(job):
                     why = " and ".join(w for w, on in (("keep_float_nodes (mixed precision)",
                                                          job.options.get("keep_float_nodes")),
@@ -812,6 +879,56 @@ class TFLiteConverter:
             job.options = saved
 
     @staticmethod
+    def _a16_options(job: ConvertJob, kept: list[str]) -> dict[str, Any]:
+        """The options of a 16x8 build of ``job``: the int8 build's options without those of int8 activations."""
+        opts = {k: v for k, v in job.options.items() if k not in ("keep_float_nodes", "calibration", "lstm",
+                                                                   "bias_correction")}
+        return {**opts, "activations": "int16", "keep_float_tensors": list(kept)}
+
+    def a16_keep(self, job: ConvertJob, artifact: Artifact, kept: list[str], calibration: str | None = None
+                 ) -> Artifact:
+        """The 16x8 build again with the ops writing ``kept`` float (the 16x8 layer search's ``keep_layers``)."""
+        saved = job.options
+        job.options = self._a16_options(job, kept)
+        try:
+            return self.convert(job)
+        finally:
+            job.options = saved
+
+    def a16_search(self, job: ConvertJob, artifact: Artifact) -> Search:
+        """The 16x8 layer search: every op with an int16 output may be kept float (ai-edge-quantizer's
+        ``no_quantize``). Ranked by the relative noise each op adds: its output's error against the fp32 .tflite
+        (every tensor kept, builtin kernels) less its inputs' error, on 8 search samples. The search builds only
+        quantize again (calibration ranges reused) and run in LiteRT; the reference is the fp32 .tflite."""
+        layout = artifact.meta.get("layout", "nchw")
+        a = self._a16_source(job, layout)
+        # LiteRT's reference int16 kernels are slow on large models (ppocr-rec: 0.48 s a line): fewer samples there
+        lat = artifact.meta.get("host_latency_ms") or {}
+        ms = lat.get(str(job.options.get("threads") or 2)) or lat.get("1") or 0.0
+        feeds = search_feeds(job, int(min(32, max(8, A16_SEARCH_RUN_S * 1000 / max(ms, 1e-3)))))
+        names = [s.name for s in job.model.inputs]
+        nhwc = layout == "nhwc"
+        fw = load_firmware("tflite")
+
+        def run(path: Path, on: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+            from edgekit.verify import run_all
+
+            model = fw.LiteRTModel(str(path), int(job.options.get("threads") or 2), nhwc, "ai_edge_litert")
+            return run_all(lambda f: model([f[n] for n in names]), on)
+
+        ref = run(a.src, feeds)
+        built = job.work_dir / "search-16x8.tflite"
+        base_kept = list(job.options.get("keep_float_tensors") or [])
+        layers = _a16_local_noise(a.src, job.out_dir / artifact.primary, feeds[:8], names, nhwc, fw, base_kept)
+
+        def outputs(kept: list[str]) -> list[np.ndarray]:
+            self._a16_write(job, a, built, base_kept + kept)
+            return run(built, feeds)
+
+        return Search(layers, outputs, ref, "float in the 16x8 model (between DEQUANTIZE and QUANTIZE; LiteRT runs "
+                      "it in fp32)")
+
+    @staticmethod
     def float_group(job: ConvertJob, artifact: Artifact) -> tuple[dict[str, str], str] | None:
         """Mixed precision's first step where a full-integer build with LSTMs written out in int8 fails
         verification: the same build with every LSTM float (``--option lstm=float``, as the jetson and ios INT8
@@ -996,6 +1113,67 @@ def _weight_noise(interp, n, out, acc: dict[str, list[float]]) -> None:
     s = acc.setdefault(n.name, [0.0, 0.0])
     s[0] += float((ref ** 2).sum())
     s[1] += float(((got - ref) ** 2).sum())
+
+
+# ops that compute (their rounding adds noise): the 16x8 layer search's candidates; data movement is left
+_A16_MOVES = {"RESHAPE", "TRANSPOSE", "SQUEEZE", "EXPAND_DIMS", "QUANTIZE", "DEQUANTIZE", "PAD", "PADV2", "SLICE",
+              "STRIDED_SLICE", "SPLIT", "SPLIT_V", "GATHER", "CONCATENATION", "PACK", "UNPACK", "MAX_POOL_2D",
+              "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "RESIZE_NEAREST_NEIGHBOR"}
+
+
+def _a16_local_noise(src: Path, built: Path, feeds: list[dict[str, np.ndarray]], names: list[str], nhwc: bool,
+                     fw: Any, kept: list[str]) -> list[Layer]:
+    """The 16x8 build's ops with an int16 output, each with the noise it adds itself: every tensor of the fp32
+    and the 16x8 model kept (builtin kernels, no XNNPACK, so none is fused away), then per op the relative error
+    power of its output against the fp32 one, less the largest of its activation inputs'. ``local_sqnr_db`` is
+    that added noise in dB below the signal (low: the op's own rounding costs most)."""
+    litert = require("ai_edge_litert.interpreter", EXTRA)
+
+    def interp(path: Path):
+        it = litert.Interpreter(model_path=str(path), experimental_preserve_all_tensors=True,
+                                experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+        it.allocate_tensors()
+        return it
+
+    f_it, q_it = interp(src), interp(built)
+    f_idx = {d["name"]: d["index"] for d in f_it.get_tensor_details()}
+    q_det = {d["name"]: d for d in q_it.get_tensor_details()}
+    g = TFLiteGraph(built)
+    cands: list[tuple[str, str, list[str]]] = []  # (op, output tensor, activation inputs)
+    for op, ins, outs in g.operators():
+        if not outs or op in _A16_MOVES or g.type_name(outs[0]) != "INT16":
+            continue
+        out = g.tensor_name(outs[0])
+        if out in f_idx and out not in kept:
+            cands.append((op, out, [g.tensor_name(i) for i in ins if i >= 0 and not g.is_const(i)]))
+    watched = {t for _, out, ins in cands for t in [out, *ins] if t in f_idx and t in q_det}
+    sig = dict.fromkeys(watched, 0.0)
+    noise = dict.fromkeys(watched, 0.0)
+    for feed in feeds:
+        for it in (f_it, q_it):  # as the bundle's runner feeds it: quantized with the input's scale, NHWC
+            for n, d in zip(names, it.get_input_details(), strict=True):
+                x = np.asarray(feed[n], dtype=np.float32)
+                it.set_tensor(d["index"], fw.quantize(x.transpose(0, 2, 3, 1) if nhwc and x.ndim == 4 else x, d))
+            it.invoke()
+        for t in watched:
+            ref = f_it.get_tensor(f_idx[t]).astype(np.float64)
+            d = q_det[t]
+            got = q_it.get_tensor(d["index"])
+            sc, zp = d["quantization_parameters"]["scales"], d["quantization_parameters"]["zero_points"]
+            got = (got.astype(np.float64) - (zp[0] if len(zp) else 0)) * sc[0] if len(sc) == 1 else got
+            if np.shape(got) != np.shape(ref):
+                continue
+            sig[t] += float(np.sum(ref ** 2))
+            noise[t] += float(np.sum((np.asarray(got, np.float64) - ref) ** 2))
+
+    def rel(t: str) -> float:
+        return noise.get(t, 0.0) / sig[t] if sig.get(t) else 0.0
+
+    layers = []
+    for op, out, ins in cands:
+        added = rel(out) - max((rel(t) for t in ins), default=0.0)
+        layers.append(Layer(out, op, float(-10 * np.log10(max(added, 1e-12)))))
+    return layers
 
 
 def _builtin_refusal(path: Path) -> str | None:

@@ -27,6 +27,10 @@ import numpy as np
 from edgekit.errors import ConversionError, UnsupportedOpError
 
 PLOT = "sensitivity.png"
+PLOT16 = "sensitivity-16x8.png"  # the 16x8 layer search's (android's last step)
+# the 16x8 search runs LiteRT's reference int16 kernels: at most this long per search build's run, in samples
+A16_SEARCH_RUN_S = 3.0
+A16_SEARCH_BUDGET_S = 240.0
 
 
 @dataclass
@@ -297,7 +301,7 @@ def summary(outcome: Outcome) -> list[str]:
     for k in outcome.kept:
         alone = "not measured alone" if k.alone_snr_db is None else (
             f"alone: output SNR {k.alone_snr_db:.1f} dB ({k.gain_db:+.1f} dB)")
-        lines.append(f"kept {k.name} ({k.op}) {outcome.keeps_as}: local INT8 SQNR {k.local_sqnr_db:.1f} dB, {alone}")
+        lines.append(f"kept {k.name} ({k.op}) {outcome.keeps_as}: local SQNR {k.local_sqnr_db:.1f} dB, {alone}")
     return lines
 
 
@@ -313,20 +317,46 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     (``conv.float_group``: android's LSTMs written out in int8), the build again with that group at higher
     precision, re-verified; where it (or there is no group) still fails, the layer search on that build; where
     that still fails and the converter offers 16-bit activations (``conv.activations16``: android's 16x8), the
-    build again with every activation int16, re-verified. Returns the new (artifact, checked); the artifact's meta
-    gets ``mixed_precision`` (with ``group``: the first step, ``activations16``: the last) and its notes one line
-    per kept layer."""
+    build again with every activation int16, re-verified, and where that fails, the same layer search on the 16x8
+    build (``conv.a16_search``). Returns the new (artifact, checked); the artifact's meta gets ``mixed_precision``
+    (with ``group``: the first step, ``activations16``: the last) and its notes one line per kept layer."""
     artifact, checked = _fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
     if checked.verification.passed or not hasattr(conv, "activations16"):
         return artifact, checked
-    return _activations16(job, conv, artifact, checked, reverify, log, warn)
+    return _activations16(job, conv, artifact, checked, kinds, tol, reverify, log, warn)
 
 
-def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, reverify: Callable[[Any], Any],
-                   log: Callable[[str], None], warn: Callable[[str], None]) -> tuple[Any, Any]:
-    """The last step: every activation int16, weights int8 (TFLite's 16x8). It replaces the failed build only
-    where it passes verification; either way the record says what it measured, with both builds' host latency
-    (16x8 runs on LiteRT's reference kernels: the cost the user pays for it)."""
+class _A16Layers:
+    """A converter's 16x8 layer search in the shape ``_layer_fallback`` takes: its search and its rebuild with the
+    kept ops float are the 16x8 ones."""
+
+    def __init__(self, conv: Any) -> None:
+        self.mixed_search = conv.a16_search
+        self.keep_layers = conv.a16_keep
+
+
+def _a16_layer_search(job: Any, conv: Any, wide: Any, again: Any, kinds: dict[str, str], tol: Any,
+                      reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
+                      ) -> tuple[Any, Any, dict[str, Any]]:
+    """The 16x8 build failed verification too: the ops whose rounding causes it kept float in it (the same
+    keep-fewest search as INT8's). Returns the (artifact, checked) it ends with and its record."""
+    log(f"16x8 fails verification too ({_first(again.verification.failures)}): searching its ops to keep float")
+    try:
+        art, chk = _layer_fallback(job, _A16Layers(conv), wide, again, kinds, tol, reverify, log, warn, 4,
+                                   label="the 16x8 build", plot_name=PLOT16, budget_s=A16_SEARCH_BUDGET_S)
+    except (ConversionError, UnsupportedOpError) as exc:  # a search build ai-edge-quantizer could not write
+        why = str(exc).split(": ", 1)[-1][:300]
+        return wide, again, {"searched": False, "reason": why, "passed_after": False}
+    return art, chk, art.meta.pop("mixed_precision", {})
+
+
+def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+                   reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
+                   ) -> tuple[Any, Any]:
+    """The last step: every activation int16, weights int8 (TFLite's 16x8), and where that fails, its layer
+    search. It replaces the failed build only where it passes verification; either way the record says what it
+    measured, with both builds' host latency (16x8 runs on LiteRT's reference kernels: the cost the user pays
+    for it)."""
     record = artifact.meta.setdefault("mixed_precision", {})
     before = list(checked.verification.failures)
     record.setdefault("int8_verification_failures", before)
@@ -346,6 +376,9 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, reverify: C
     if wide is None:  # the user chose --option activations
         return artifact, checked
     again = reverify(wide)
+    searched = None
+    if not again.verification.passed and hasattr(conv, "a16_search"):
+        wide, again, searched = _a16_layer_search(job, conv, wide, again, kinds, tol, reverify, log, warn)
     v = again.verification
     lat8 = (artifact.meta.get("host_latency_ms") or {}).get("1")
     lat16 = (wide.meta.get("host_latency_ms") or {}).get("1")
@@ -353,6 +386,9 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, reverify: C
     step = {"built": True, "passed": v.passed, "seconds": round(time.perf_counter() - t0, 1),
             "failures": list(v.failures), "eval_top1_agreement": agree or None,
             "host_latency_ms_1_thread": {"int8": lat8, "int16_activations": lat16}}
+    if searched is not None:
+        step["layer_search"] = searched
+        artifact.files += [f for f in wide.files if f == PLOT16 and f not in artifact.files]  # the record names it
     slower = (f"; host latency {lat16:.2f} ms against {lat8:.2f} ms for the int8 build (1 thread)" if lat8 and lat16
               else "")
     if not v.passed:
@@ -365,10 +401,12 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, reverify: C
         return artifact, checked
     wide.meta["mixed_precision"] = {**record, "activations16": step}  # passed_after: the int8 builds' verdict
     wide.files += [f for f in artifact.files if f not in wide.files]  # the search's sensitivity plot
+    kept16 = len((searched or {}).get("kept") or [])
     wide.notes.insert(0, "mixed precision: INT8 activations could not hold this model"
                       + (f" ({len(record['kept'])} layer(s) kept float did not)" if record.get("kept") else "")
-                      + "; built again with 16-bit activations everywhere (int8 weights, TFLite 16x8): "
-                      "re-verification passed" + slower)
+                      + "; built again with 16-bit activations everywhere (int8 weights, TFLite 16x8)"
+                      + (f", {kept16} op(s) of it kept float" if kept16 else "") + ": re-verification passed"
+                      + slower)
     return wide, again
 
 
@@ -404,9 +442,10 @@ def _fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str,
 
 def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
                     reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
-                    extra_steps: int) -> tuple[Any, Any]:
+                    extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT, budget_s: float = 300.0
+                    ) -> tuple[Any, Any]:
     """The layer search: search, rebuild with the kept layers (``conv.keep_layers``), re-verify with
-    ``reverify(artifact)``."""
+    ``reverify(artifact)``. ``label``: the build searched, as the messages name it."""
     from edgekit.verify import output_checks
 
     smoke = output_checks()
@@ -419,8 +458,8 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
         artifact.meta["mixed_precision"] = {"searched": False, "reason": why, "int8_verification_failures": before,
                                             "passed_after": False}
         return artifact, checked
-    warn(f"INT8 failed verification ({_first(before)}): searching for the layers that cause it (--strict fails "
-         "instead)")
+    warn(f"{label[0].upper() + label[1:]} failed verification ({_first(before)}): searching for the layers that cause "
+         "it (--strict fails instead)")
     search = conv.mixed_search(job, artifact)
     names = [s.name for s in job.model.outputs]
     tol_d = tol.model_dump()
@@ -429,7 +468,7 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
         return all(smoke.check_output(n, kinds[n], r, g, tol_d, "int8")["passed"]
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
-    outcome = keep_fewest(search, passes, log=log)
+    outcome = keep_fewest(search, passes, log=log, budget_s=budget_s)
     if outcome.spread:
         msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (kept at higher "
                f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the "
@@ -444,7 +483,7 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
     if not outcome.kept:
         if outcome.shown:  # a single search build outlasted the time budget
             msg = (f"mixed precision: the search's time budget ended before it kept a layer ({len(outcome.scanned)} "
-                   f"measured in {outcome.seconds:.0f} s); no layer kept, the plain INT8 build stands")
+                   f"measured in {outcome.seconds:.0f} s); no layer kept, {label} stands")
         else:  # the search samples pass all-INT8 and no layer gains output SNR on them
             msg = ("mixed precision: all-INT8 passes the checks on the calibration samples, so they cannot show which "
                    f"layers fail on the golden ones, and none of the {len(outcome.scanned)} layers measured there "
@@ -491,9 +530,9 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
         more -= 1
         outcome.kept.append(extra.pop(0))  # the search samples passed, the golden ones do not: one more layer
         log(f"re-verification failed with {len(outcome.kept) - 1} kept; adding {outcome.kept[-1].name}")
-    if built is None:  # no kept set converted: the plain INT8 build stands, failed, and says why
+    if built is None:  # no kept set converted: the build searched stands, failed, and says why
         msg = ("mixed precision: no set of kept layers converts on this path (" + "; ".join(unbuildable)[:400]
-               + "); the plain INT8 build stays failed")
+               + f"); {label} stays failed")
         checked.verification.notes.append(msg)
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
                                             "search_samples": int(len(search.reference[0])),
@@ -516,11 +555,11 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
         record["unbuildable"] = unbuildable
         v.notes.append("mixed precision: kept float, these layers do not convert on this path and were left out: "
                        + "; ".join(unbuildable)[:400])
-    if plot(outcome, job.out_dir / PLOT, f"{job.model.source}: per-layer INT8 sensitivity"):
-        artifact.files.append(PLOT)
-        record["plot"] = PLOT
+    if plot(outcome, job.out_dir / plot_name, f"{job.model.source}: per-layer sensitivity of {label}"):
+        artifact.files.append(plot_name)
+        record["plot"] = plot_name
     artifact.meta["mixed_precision"] = record
-    head = (f"mixed precision: plain INT8 failed verification; {len(outcome.kept)} layer(s) kept at higher precision "
+    head = (f"mixed precision: {label} failed verification; {len(outcome.kept)} layer(s) kept at higher precision "
             f"({outcome.builds} search builds, {outcome.seconds:.1f} s"
             + ("" if outcome.shown else "; all-INT8 passes on the calibration samples: kept by the output SNR gained "
                "there, checked on the golden samples") + "); re-verification "

@@ -94,12 +94,40 @@ def _mixed_precision(art: dict[str, Any]) -> list[str]:
     agree = a16.get("eval_top1_agreement") or {}
     cost = (f" Host latency {lat['int16_activations']:.3f} ms against {lat['int8']:.3f} ms for the int8 build (1 "
             "thread; XNNPACK has no int16 kernels)." if lat.get("int8") and lat.get("int16_activations") else "")
+    search = a16.get("layer_search") or {}
+    kept = search.get("kept") or []
+    searched = ""
+    if search.get("searched") is False:
+        searched = f" Its layer search did not run: {search['reason']}."
+    elif "scanned" in search:
+        searched = (f" Every activation 16-bit failed verification first, so its ops were searched on "
+                    f"{search['search_samples']} calibration samples ({search['builds']} builds, "
+                    f"{search['seconds']:.1f} s): output SNR {search['snr_db_before']:.1f} dB → "
+                    f"{search['snr_db_after']:.1f} dB with {len(kept)} op(s) kept float"
+                    + (" (the table below)." if search["scanned"] else "."))
     return lines + ["", "Last step: every activation 16-bit, weights int8 (TFLite 16x8, ai-edge-quantizer), "
                     f"{a16['seconds']:.1f} s: re-verification **{'passed' if a16['passed'] else 'FAILED'}**"
                     + ("" if a16["passed"] else f" ({'; '.join(a16['failures'])[:400]}), so the int8 build above "
                        "stands")
                     + (". Eval agreement with float: " + ", ".join(f"{k} {v:.2%}" for k, v in agree.items())
-                       if agree else "") + "." + cost]
+                       if agree else "") + "." + searched + cost] + _layer_table(search)
+
+
+def _layer_table(mp: dict[str, Any]) -> list[str]:
+    """The search's measured layers (and the kept ones) as a table, then its plot."""
+    if not mp.get("scanned") and not mp.get("kept"):
+        return []
+    lines = ["", "| layer | op | local SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
+             "|---|---|---|---|---|---|"]
+    kept = {k["name"] for k in mp["kept"]}
+    shown = mp["scanned"] + [k for k in mp["kept"] if k["name"] not in {s["name"] for s in mp["scanned"]}]
+    for lay in shown:
+        fmt = (lambda x: "—" if x is None else f"{x:.1f}")
+        lines.append(f"| {lay['name']} | {lay['op']} | {lay['local_sqnr_db']:.1f} | {fmt(lay['alone_snr_db'])} | "
+                     f"{fmt(lay['gain_db'])} | {'yes' if lay['name'] in kept else ''} |")
+    if mp.get("plot"):
+        lines += ["", f"![per-layer sensitivity]({mp['plot']})"]
+    return lines
 
 
 def _mixed_layers(art: dict[str, Any]) -> list[str]:
@@ -136,18 +164,8 @@ def _mixed_layers(art: dict[str, Any]) -> list[str]:
               f"{mp['seconds']:.1f} s): output SNR {mp['snr_db_before']:.1f} dB all-INT8 → "
               f"{mp['snr_db_after']:.1f} dB with {len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
               f"**{'passed' if mp['passed_after'] else 'FAILED'}**"
-              + (" (the int8 build; the last step below)." if mp.get("activations16") else " (the table above)."), "",
-              "| layer | op | local INT8 SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
-              "|---|---|---|---|---|---|"]
-    kept = {k["name"] for k in mp["kept"]}
-    shown = mp["scanned"] + [k for k in mp["kept"] if k["name"] not in {s["name"] for s in mp["scanned"]}]
-    for lay in shown:
-        fmt = (lambda x: "—" if x is None else f"{x:.1f}")
-        lines.append(f"| {lay['name']} | {lay['op']} | {lay['local_sqnr_db']:.1f} | {fmt(lay['alone_snr_db'])} | "
-                     f"{fmt(lay['gain_db'])} | {'yes' if lay['name'] in kept else ''} |")
-    if mp.get("plot"):
-        lines += ["", f"![per-layer sensitivity]({mp['plot']})"]
-    return lines
+              + (" (the int8 build; the last step below)." if mp.get("activations16") else " (the table above).")]
+    return lines + _layer_table(mp)
 
 
 def render_report(man: dict[str, Any], stats: ModelStats) -> str:

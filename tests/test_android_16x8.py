@@ -54,6 +54,41 @@ def outlier(tmp_path_factory, digits):
     return path
 
 
+@pytest.fixture(scope="module")
+def outlier_and_fc(tmp_path_factory, digits):
+    """The outlier CNN (which int8 activations cannot hold), its classifier given one more input, a feature that
+    is always zero, with a weight 5000x the others in every row: per-channel int8 weights round every other
+    weight of it to zero, whatever the activations' bits. So int8 fails (its layer search too), 16x8 fails, and
+    16x8 with that one layer float holds."""
+    torch = pytest.importorskip("torch")
+
+    class OutlierFC(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(1, 4, 3, padding=1)
+            self.c2 = torch.nn.Conv2d(4, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(8 * 64 + 1, 10)
+            with torch.no_grad():
+                self.c1.weight[0] *= 3000
+                self.c1.bias[0] *= 3000
+                self.c2.weight[:, 0] = 0
+                self.c2.weight[0] = 0
+                self.c2.weight[0, 0] = 1 / 3000
+                self.fc.weight[:, -1] = 5000 * self.fc.weight.abs().max()
+
+        def forward(self, x):
+            h = torch.relu(self.c2(torch.relu(self.c1(x)))).flatten(1)
+            h = torch.cat([h, torch.zeros_like(h[:, :1])], 1)  # the feature no input moves
+            return self.fc(h)
+
+    torch.manual_seed(0)
+    m = OutlierFC().eval()
+    x = torch.from_numpy(np.load(digits["calib"])["image"][:1])
+    path = tmp_path_factory.mktemp("outlier_fc") / "outlier_fc.pt2"
+    torch.export.save(torch.export.export(m, (x,)), str(path))
+    return path
+
+
 def test_int16_activations_are_closer_to_float_and_run_in_the_bundle(digits, tmp_path):
     """--option activations=int16: int16 input/output tensors, int8 weights, the ranges taken over every
     calibration batch; its outputs are closer to float than the int8 build's, accuracy holds, and the bundle's
@@ -119,9 +154,47 @@ def test_a_16x8_build_that_fails_too_leaves_the_int8_build(outlier, digits, tmp_
                   cache=False, fail_on_verification=False, tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0})
     v, art = res.verification, res.manifest["artifact"]
     assert not v.passed
-    assert art["mixed_precision"]["activations16"]["built"] and not art["mixed_precision"]["activations16"]["passed"]
+    a16 = art["mixed_precision"]["activations16"]
+    assert a16["built"] and not a16["passed"] and not a16["layer_search"]["passed_after"]  # its search too
     assert "activation_bits" not in art["quantization"]
     # the file on disk is the int8 build the record describes, not the 16x8 one written over it and undone
     assert _input_dtype(res.out_dir / "model.tflite") == art["io"]["inputs"][0]["dtype"] != "int16"
     assert any("16-bit activations everywhere were tried and fail verification too" in n for n in v.notes)
     assert "so the int8 build above stands" in (res.out_dir / "report.md").read_text()
+
+
+def test_where_16x8_fails_too_its_layer_search_keeps_the_op_that_causes_it(outlier_and_fc, digits, tmp_path):
+    """int8 fails (the outlier channel), 16x8 fails (the fully connected layer's weights), so the 16x8 build's ops
+    are searched: the fully connected one is kept float, in the model on disk too, and re-verification passes;
+    the record, the notes and the report say so."""
+    res = convert(str(outlier_and_fc), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
+                  eval_data=str(digits["eval"]), cache=False)
+    v, art = res.verification, res.manifest["artifact"]
+    assert v.passed, v.failures
+    a16 = art["mixed_precision"]["activations16"]
+    search = a16["layer_search"]
+    assert a16["passed"] and search["passed_after"] and search["snr_db_after"] > search["snr_db_before"]
+    kept = [k["name"] for k in search["kept"]]
+    assert kept and {k["op"] for k in search["kept"]} == {"FULLY_CONNECTED"}
+    assert art["quantization"]["keep_float_tensors"] == kept and art["quantization"]["activation_bits"] == 16
+    from edgekit.tflite_graph import TFLiteGraph
+
+    g = TFLiteGraph(res.out_dir / "model.tflite")
+    written = {g.tensor_name(o[2][0]): g.type_name(o[2][0]) for o in g.operators() if o[2]}
+    assert all(written[t] == "FLOAT32" for t in kept)  # kept float in the file, not only in the record
+    assert "op(s) of it kept float: re-verification passed" in res.notes[0]
+    report = (res.out_dir / "report.md").read_text()
+    assert "its ops were searched" in report and "sensitivity-16x8.png" in report
+    assert (res.out_dir / "sensitivity-16x8.png").is_file()
+
+
+def test_keep_float_tensors_names_ops_of_the_16x8_model(digits, tmp_path):
+    """The option the 16x8 search writes, given by hand: a name no op writes, or without activations=int16, is
+    refused with the fix, and nothing is left behind."""
+    common = dict(target="android", precision="int8", calib=str(digits["calib"]), cache=False)
+    with pytest.raises(ConversionError, match="no op of the fp32 .tflite writes 'nope'"):
+        convert(str(digits["model"]), out=tmp_path / "a", options={"activations": "int16",
+                                                                    "keep_float_tensors": "nope"}, **common)
+    with pytest.raises(ConversionError, match="goes with --option activations=int16"):
+        convert(str(digits["model"]), out=tmp_path / "b", options={"keep_float_tensors": "x"}, **common)
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
