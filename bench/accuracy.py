@@ -91,6 +91,7 @@ def build(spec: dict, target: str, out: Path, options: dict, strict: bool, toler
             "kept": len((art.get("mixed_precision") or {}).get("kept") or []),
             "a16": (art.get("quantization") or {}).get("activation_bits") == 16,  # mixed precision's last step
             "a16_tried": (art.get("mixed_precision") or {}).get("activations16"),
+            "a16_kept": len((art.get("quantization") or {}).get("keep_float_tensors") or []),
             "vs_original": v.against_original is not None, "seconds": time.perf_counter() - t0}
 
 
@@ -142,10 +143,13 @@ def cell(r: dict, kept: bool = False) -> str:
         return r["error"] if r["error"].startswith("not run") else f"error ({r['error'][:60]}) {r['seconds']:.0f} s"
     acc = f"{pct(r['int8'])} / " if r["int8"] is not None else ""
     extra = (f", {r['kept']} kept" if kept else "") + (", then 16-bit activations (16x8)" if r.get("a16") else "")
+    extra += f" with {r['a16_kept']} ops float" if r.get("a16_kept") else ""
     tried = r.get("a16_tried") or {}
     if tried.get("built") and not tried.get("passed"):  # the last step failed too: what it measured
         agree16 = ", ".join(f"{100 * a:.2f}%" for a in (tried.get("eval_top1_agreement") or {}).values())
-        extra += f" (16x8 tried: {agree16 or 'no agreement'}, FAIL)"
+        kept16 = len((tried.get("layer_search") or {}).get("kept") or [])
+        extra += (f" (16x8 tried: {agree16 or 'no agreement'}" + (f", {kept16} ops kept float" if kept16 else "")
+                  + ", FAIL)")
     vs = " with the original" if r.get("vs_original") else ""
     return (f"{acc}{pct(r['agree'])}% agree{vs}, {r['method']}{extra}, "
             f"{'pass' if r['passed'] else 'FAIL'}, {r['seconds']:.0f} s")

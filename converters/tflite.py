@@ -39,6 +39,8 @@ Options (``--option key=value``):
                                 --calib batch. Far closer to float than int8 activations, and slower:
                                 XNNPACK has no int16 kernels, LiteRT runs its reference ones. Mixed
                                 precision tries it last where an int8 build fails verification.
+  ``keep_float_tensors=a,b``    with activations=int16: ops kept float in the 16x8 model, named by their
+                                output tensor in the fp32 .tflite (what the 16x8 layer search keeps)
   ``threads=N`` (host interpreter threads for verification, default 2).
 """
 
