@@ -390,7 +390,7 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict
                         "reason": f"one verification of the 16x8 build took {t_verify:.0f} s on this host (LiteRT's "
                         f"reference int16 kernels), over {A16_SEARCH_MAX_VERIFY_S:.0f} s, and the search re-verifies "
                         "up to 5 builds; keep ops float by hand with --option activations=int16 --option "
-                        "keep_float_tensors=..."}
+                        "keep_float_tensors=<output tensor names>"}
             log(f"16x8 layer search not run: {searched['reason']}")
     v = again.verification
     lat8 = (artifact.meta.get("host_latency_ms") or {}).get("1")
