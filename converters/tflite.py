@@ -627,7 +627,7 @@ class TFLiteConverter:
                 listed = format_float_ops(rep["float_ops"])
                 if wide_activations(job):  # ai-edge-quantizer has no int16 version of some ops (HARD_SWISH)
                     kept = job.options.get("keep_float_tensors") or []
-                    notes.append(f"ops float in the 16x8 build (DEQUANTIZE and QUANTIZE around them; "
+                    notes.append("ops float in the 16x8 build (DEQUANTIZE and QUANTIZE around them; "
                                  + (f"{len(kept)} kept by keep_float_tensors, the others " if kept else "")
                                  + f"ai-edge-quantizer maps no int16 kernel to them): {_float_counts(rep['float_ops'])}")
                 elif job.options.get("keep_float_nodes") or _lstm_float(job):

@@ -191,7 +191,7 @@ def test_where_16x8_fails_too_its_layer_search_keeps_the_op_that_causes_it(outli
 def test_keep_float_tensors_names_ops_of_the_16x8_model(digits, tmp_path):
     """The option the 16x8 search writes, given by hand: a name no op writes, or without activations=int16, is
     refused with the fix, and nothing is left behind."""
-    common = dict(target="android", precision="int8", calib=str(digits["calib"]), cache=False)
+    common = {"target": "android", "precision": "int8", "calib": str(digits["calib"]), "cache": False}
     with pytest.raises(ConversionError, match="no op of the fp32 .tflite writes 'nope'"):
         convert(str(digits["model"]), out=tmp_path / "a", options={"activations": "int16",
                                                                     "keep_float_tensors": "nope"}, **common)
