@@ -37,7 +37,9 @@ def test_convert_stderr_holds_only_edgekit_lines(digits, tmp_path, target, preci
     for noise in ("Failed to load", "oneDNN", "has not been tested", "FutureWarning", "Running MIL", "%|"):
         assert noise not in proc.stderr
     if target != "jetson" and sys.platform == "linux":  # what these toolchains print here, now in the log
-        assert "oneDNN custom operations" in log
+        # which lines depends on the CPU and the wheels: TensorFlow's oneDNN line only on CPUs it enables oneDNN
+        # for (one machine printed it, the next did not); torchao's missing CUDA kernels and LiteRT's XNNPACK line
+        assert any(s in log for s in ("oneDNN custom operations", "Failed to load", "XNNPACK delegate")), log[-2000:]
     if target == "ios" and sys.platform == "linux":
         assert "Failed to load _MLModelProxy" in log and "Running MIL" in log
 
