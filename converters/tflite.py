@@ -46,12 +46,13 @@ Options (``--option key=value``):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -352,6 +353,20 @@ def _a16_recipe() -> Any:
     return require("ai_edge_quantizer.recipe", EXTRA).static_wi8_ai16()
 
 
+@contextlib.contextmanager
+def _aeq_errors(m: Any, verb: str) -> Iterator[None]:
+    """ai-edge-quantizer raises many types on an op or graph it does not take: one ConversionError naming what it
+    could not do (``verb``: calibrate, write) and the fix; edgekit's own errors pass through."""
+    try:
+        yield
+    except (InputSpecError, ConversionError):
+        raise
+    except Exception as exc:
+        raise ConversionError(f"{m.source}: ai-edge-quantizer could not {verb} the 16x8 model "
+                              f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
+                              "--option activations out)") from None
+
+
 @dataclass
 class _A16:
     """What every 16x8 build of one model shares: the fp32 .tflite, its ai-edge-quantizer, the calibration ranges,
@@ -494,7 +509,7 @@ class TFLiteConverter:
         aq = require("ai_edge_quantizer.quantizer", EXTRA)
         src = job.work_dir / "float-for-16x8.tflite"
         self._float_tflite(job, src, layout)
-        try:
+        with _aeq_errors(m, "calibrate"):
             interp = _interpreter(src, 1)
             sig = next(iter(interp.get_signature_list()))
             by_index = {d["index"]: name for name, d in interp.get_signature_runner(sig).get_input_details().items()}
@@ -502,12 +517,6 @@ class TFLiteConverter:
             q = aq.Quantizer(str(src))
             q.load_quantization_recipe(_a16_recipe())
             ranges, n_batches = self._a16_ranges(job, q, sig, sig_names, layout)
-        except (InputSpecError, ConversionError):
-            raise
-        except Exception as exc:  # ai-edge-quantizer raises many types on an op or graph it does not take
-            raise ConversionError(f"{m.source}: ai-edge-quantizer could not calibrate the 16x8 model "
-                                  f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
-                                  "--option activations out)") from None
         if n_batches == 0:
             raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
         g = TFLiteGraph(src)
@@ -526,7 +535,7 @@ class TFLiteConverter:
             raise ConversionError(f"--option keep_float_tensors: no op of the fp32 .tflite writes "
                                   f"{', '.join(map(repr, unknown[:5]))}; name ops by their output tensor (the 16x8 "
                                   "build's report lists them)")
-        try:
+        with _aeq_errors(m, "write"):
             a.q.load_quantization_recipe(_a16_recipe())
             for regex, op in a.refusals:
                 a.q.update_quantization_recipe(regex=regex, operation_name=op, algorithm_key="no_quantize")
@@ -556,12 +565,6 @@ class TFLiteConverter:
                     a.refusals.append((_scope_regex(tensor), "*"))
                 a.q.update_quantization_recipe(regex=a.refusals[-1][0], operation_name=a.refusals[-1][1],
                                                algorithm_key="no_quantize")
-        except (InputSpecError, ConversionError):
-            raise
-        except Exception as exc:  # ai-edge-quantizer raises many types on an op or graph it does not take
-            raise ConversionError(f"{m.source}: ai-edge-quantizer could not write the 16x8 model "
-                                  f"({type(exc).__name__}: {str(exc)[:300]}); use the int8 build (leave "
-                                  "--option activations out)") from None
 
     @staticmethod
     def _a16_ranges(job: ConvertJob, q: Any, key: str, sig_names: list[str], layout: str) -> tuple[dict, int]:
@@ -899,9 +902,11 @@ class TFLiteConverter:
 
     def a16_search(self, job: ConvertJob, artifact: Artifact) -> Search:
         """The 16x8 layer search: every op with an int16 output may be kept float (ai-edge-quantizer's
-        ``no_quantize``). Ranked by the relative noise each op adds: its output's error against the fp32 .tflite
-        (every tensor kept, builtin kernels) less its inputs' error, on 8 search samples. The search builds only
-        quantize again (calibration ranges reused) and run in LiteRT; the reference is the fp32 .tflite."""
+        ``no_quantize``). Ranked by the worse of the relative noise each op adds (its output's error against the
+        fp32 .tflite, every tensor kept, builtin kernels, less its inputs' error, on 8 search samples) and, for an
+        op with int8 weights, the output SNR with only its weights rounded (:func:`_a16_weight_effect`). The search
+        builds only quantize again (calibration ranges reused) and run in LiteRT; the reference is the fp32
+        .tflite."""
         layout = artifact.meta.get("layout", "nchw")
         a = self._a16_source(job, layout)
         # LiteRT's reference int16 kernels are slow on large models (ppocr-rec: 0.48 s a line): fewer samples there
@@ -922,6 +927,13 @@ class TFLiteConverter:
         built = job.work_dir / "search-16x8.tflite"
         base_kept = list(job.options.get("keep_float_tensors") or [])
         layers = _a16_local_noise(a.src, job.out_dir / artifact.primary, feeds[:8], names, nhwc, fw, base_kept)
+        # an op's own noise says nothing of what the layers after it make of it: where its int8 weights alone cost
+        # the output more, that ranks it (a 16x8 build's error is mostly its int8 weights')
+        effect = _a16_weight_effect(a.src, job.out_dir / artifact.primary, lambda p: run(p, feeds), ref,
+                                    job.work_dir / "search-16x8-weights.tflite")
+        for lay in layers:
+            if lay.name in effect:
+                lay.local_sqnr_db = min(lay.local_sqnr_db, effect[lay.name])
 
         def outputs(kept: list[str]) -> list[np.ndarray]:
             self._a16_write(job, a, built, base_kept + kept)
@@ -1176,6 +1188,56 @@ def _a16_local_noise(src: Path, built: Path, feeds: list[dict[str, np.ndarray]],
         added = rel(out) - max((rel(t) for t in ins), default=0.0)
         layers.append(Layer(out, op, float(-10 * np.log10(max(added, 1e-12)))))
     return layers
+
+
+def _a16_weight_effect(src: Path, built: Path, run: Callable[[Path], list[np.ndarray]], ref: list[np.ndarray],
+                       scratch: Path) -> dict[str, float]:
+    """Per op with int8 weights in the 16x8 build (CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED ...): the model's
+    output SNR (dB) against ``ref`` when only that op's weights are rounded as the build rounds them (its int8
+    values times its scales, written into the fp32 .tflite's float weights; ``run`` runs a .tflite on the search
+    samples). What the local noise cannot see: how much the layers after an op amplify its error (ppocr-cls: its
+    first convolution and first depthwise convolution add little noise locally, 44 dB, and cost the output most).
+    Keyed by the op's output tensor name; ops whose float weights are not a plain float32 constant are left out."""
+    schema = require("ai_edge_litert.schema_py_generated", EXTRA)
+    raw = bytearray(src.read_bytes())
+    fm = schema.Model.GetRootAs(raw, 0)
+    fsg = fm.Subgraphs(0)
+    base = np.frombuffer(raw, np.uint8).__array_interface__["data"][0]
+    weights: dict[str, tuple[int, int]] = {}  # output tensor -> (offset, bytes) of its float weights in ``raw``
+    for i in range(fsg.OperatorsLength()):
+        op = fsg.Operators(i)
+        if op.OutputsLength() < 1 or op.InputsLength() < 2 or op.Inputs(1) < 0:
+            continue
+        t = fsg.Tensors(op.Inputs(1))
+        data = fm.Buffers(t.Buffer()).DataAsNumpy() if t.Buffer() > 0 else 0
+        if t.Type() != schema.TensorType.FLOAT32 or not isinstance(data, np.ndarray) or not data.size:
+            continue
+        weights[text(fsg.Tensors(op.Outputs(0)).Name())] = (data.__array_interface__["data"][0] - base, data.nbytes)
+    g = TFLiteGraph(built)
+    out: dict[str, float] = {}
+    for _, ins, outs in g.operators():
+        if len(ins) < 2 or not outs or g.type_name(ins[1]) != "INT8" or not g.is_const(ins[1]):
+            continue
+        name = g.tensor_name(outs[0])
+        t = g.sg.tensors[ins[1]]
+        q = t.quantization
+        data = g.model.buffers[t.buffer].data
+        if name not in weights or q is None or q.scale is None or data is None:
+            continue
+        off, n = weights[name]
+        w = np.frombuffer(bytes(data), np.int8).astype(np.float32)
+        scale = np.asarray(q.scale, np.float32)
+        if w.size * 4 != n or scale.size not in (1, int(t.shape[q.quantizedDimension])):
+            continue
+        shape = [1] * len(t.shape)
+        shape[q.quantizedDimension] = -1
+        rounded = (w.reshape(t.shape) * (scale.reshape(shape) if scale.size > 1 else scale[0])).astype(np.float32)
+        orig = bytes(raw[off:off + n])
+        raw[off:off + n] = rounded.tobytes()
+        scratch.write_bytes(raw)
+        raw[off:off + n] = orig
+        out[name] = output_snr_db(ref, run(scratch))
+    return out
 
 
 def _builtin_refusal(path: Path) -> str | None:

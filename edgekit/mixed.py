@@ -304,7 +304,7 @@ def summary(outcome: Outcome) -> list[str]:
     for k in outcome.kept:
         alone = "not measured alone" if k.alone_snr_db is None else (
             f"alone: output SNR {k.alone_snr_db:.1f} dB ({k.gain_db:+.1f} dB)")
-        lines.append(f"kept {k.name} ({k.op}) {outcome.keeps_as}: local SQNR {k.local_sqnr_db:.1f} dB, {alone}")
+        lines.append(f"kept {k.name} ({k.op}) {outcome.keeps_as}: rank SQNR {k.local_sqnr_db:.1f} dB, {alone}")
     return lines
 
 

@@ -117,7 +117,7 @@ def _layer_table(mp: dict[str, Any]) -> list[str]:
     """The search's measured layers (and the kept ones) as a table, then its plot."""
     if not mp.get("scanned") and not mp.get("kept"):
         return []
-    lines = ["", "| layer | op | local SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
+    lines = ["", "| layer | op | rank SQNR (dB) | output SNR kept alone (dB) | gain (dB) | kept |",
              "|---|---|---|---|---|---|"]
     kept = {k["name"] for k in mp["kept"]}
     shown = mp["scanned"] + [k for k in mp["kept"] if k["name"] not in {s["name"] for s in mp["scanned"]}]
