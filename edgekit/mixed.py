@@ -409,6 +409,11 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict
         record["activations16"] = step
         msg = ("mixed precision: 16-bit activations everywhere were tried and fail verification too "
                f"({_first(v.failures)}){slower}")
+        if (searched or {}).get("kept"):  # what the user may still choose, knowing it failed these checks
+            msg += (f"; its layer search kept {len(searched['kept'])} op(s) float (eval agreement with float: "
+                    + (", ".join(f"{a:.2%}" for a in agree.values()) or "not measured") + "): to build that "
+                    "anyway, --option activations=int16 --option keep_float_tensors=<the names in "
+                    "artifact.mixed_precision.activations16.layer_search.kept, comma-separated>")
         log(msg)
         checked.verification.notes.append(msg)
         return artifact, checked
