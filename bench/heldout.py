@@ -38,10 +38,9 @@ NEAR_TIE = 0.02
 
 
 def lines(n: int, seed: int) -> np.ndarray:
-    from zoo.data import _text_lines
+    from zoo.data import text_lines_rgb
 
-    x = (_text_lines(48, 192, n, seed=seed) / 255.0 - 0.5) / 0.5  # as text_lines_rgb, the zoo's ppocr-cls data
-    return np.ascontiguousarray(np.repeat(x[:, None], 3, axis=1), dtype=np.float32)
+    return text_lines_rgb(48, 192, n, seed=seed)  # the zoo's ppocr-cls data, other lines
 
 
 def wilson(k: int, n: int) -> tuple[float, float]:

@@ -23,6 +23,7 @@ import gc
 import importlib.util
 import io
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -250,6 +251,18 @@ class TensorRTConverter:
             if scores:
                 layers.append(Layer(n.name, n.op_type, round(float(min(scores)), 2)))
         ref = _run(pre, search)
+        # and by what its rounding costs the output alone, through the layers after it (the worse of the two)
+        full = job.work_dir / "mixed-all.onnx"
+        _qdq(pre, full, ranges_path, method, base_excluded, placement)
+        t0 = time.perf_counter()
+        alone = _isolated_snr(pre, full, [lay.name for lay in sorted(layers, key=lambda x: x.local_sqnr_db)],
+                              search, ref, job.work_dir)  # the locally worst first, where the budget ends early
+        full.unlink()
+        job.log(f"each node's rounding alone measured at the output: {len(alone)} of {len(layers)} nodes in "
+                f"{time.perf_counter() - t0:.1f} s")
+        for lay in layers:
+            if np.isfinite(alone.get(lay.name, np.inf)):
+                lay.local_sqnr_db = round(float(min(lay.local_sqnr_db, alone[lay.name])), 2)
         step = iter(range(10**6))
 
         def outputs(kept: list[str]) -> list[np.ndarray]:
@@ -259,7 +272,8 @@ class TensorRTConverter:
             cand.unlink()
             return got
 
-        return Search(layers, outputs, ref, "float (left out of Q/DQ; TensorRT runs it in fp16 under --fp16)")
+        return Search(layers, outputs, ref, "float (left out of Q/DQ; TensorRT runs it in fp16 under --fp16)",
+                      by_rank=bool(alone))
 
     keep_layers = keep_layers  # the INT8 build again with the kept nodes left out of Q/DQ (edgekit.mixed)
 
@@ -446,6 +460,7 @@ def _qdq(pre: Path, dest: Path, ranges: Path, name: str, excluded: list[str], pl
         )
 
 
+ISOLATED_BUDGET_S = 60.0  # the mixed search's measure of each node's rounding alone, at most this long
 BIAS_CORRECTION_BATCHES = 64  # calibration batches whose per-channel means correct the biases, at most ...
 BIAS_CORRECTION_WORK = 5e7  # ... and layers x batches x input values per batch at most (8 batches at least): a deep
 # model with large inputs (a 416 x 416 detector) measures fewer batches
@@ -460,6 +475,51 @@ def _bias_batches(available: int, layers: int, values: int) -> int:
 
 def _batch_values(feed: dict) -> int:
     return int(sum(np.asarray(v).size for v in feed.values()))
+
+
+def _isolated_snr(pre: Path, full: Path, nodes: list[str], search: list, ref: list[np.ndarray], work: Path,
+                  budget_s: float = ISOLATED_BUDGET_S) -> dict[str, float]:
+    """Per node named in ``nodes``: the output SNR against float (dB) on ``search`` of the INT8 build ``full`` with
+    only that node's inputs rounded (its activations at their calibrated ranges, its int8 weights), every other
+    node reading the float values its Q/DQ pairs stand for (``pre``'s inputs of the node of the same name). It
+    sees what a node's rounding costs the output through the layers after it, which its local SQNR does not: a
+    first convolution's input rounding, amplified downstream (the jetson analogue of the 16x8 search's
+    weight effect, converters/tflite.py). Nodes are measured in the order given until ``budget_s`` is spent (one
+    onnxruntime session and run each: ppocr-cls, 64 nodes in 9 s); the rest are left out of the result."""
+    onnx = require("onnx", "jetson")
+
+    proto = onnx.load(str(full))
+    base = onnx.load(str(pre))
+    originals = {n.name: list(n.input) for n in base.graph.node}
+    dequantized = {o for n in proto.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
+    have = {i.name for i in proto.graph.initializer}
+    floats = {i.name: i for i in base.graph.initializer if i.name not in have}  # the weights Q/DQ replaced
+    rewire = {}  # node index -> its inputs with each dequantized one replaced by the float tensor it stands for
+    for k, n in enumerate(proto.graph.node):
+        orig = originals.get(n.name)
+        if orig is not None and len(orig) == len(n.input) and any(t in dequantized for t in n.input):
+            rewire[k] = [o if t in dequantized else t for t, o in zip(n.input, orig, strict=True)]
+    index = {n.name: k for k, n in enumerate(proto.graph.node) if k in rewire}
+    out: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for name in nodes:
+        k = index.get(name)
+        if k is None:
+            continue
+        if time.perf_counter() - t0 > budget_s:
+            break
+        iso = onnx.ModelProto()
+        iso.CopyFrom(proto)
+        for j, inputs in rewire.items():
+            if j != k:
+                del iso.graph.node[j].input[:]
+                iso.graph.node[j].input.extend(inputs)
+                iso.graph.initializer.extend(floats[t] for t in inputs if t in floats)
+        cand = work / "mixed-isolated.onnx"
+        onnx.save(iso, str(cand))
+        out[name] = output_snr_db(ref, _run(cand, search))
+        cand.unlink()
+    return out
 
 
 def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> tuple[int, int]:

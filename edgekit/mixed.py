@@ -8,6 +8,8 @@ golden or eval samples that judge the build). Then:
 
 1. the ``measure`` worst-ranked layers are each kept alone and measured: output SNR against the float model;
 2. layers are added greedily in order of measured gain until the search samples pass the target's checks;
+   where the ranking itself measures each layer at the model's output (``Search.by_rank``: jetson), the fewest
+   layers ranked worst that pass together are kept instead, found by bisection;
 3. the artifact is written with those layers kept and verified for real on the golden (and eval) data; if
    that still fails, the next layers in order are added, each re-verified, up to ``max_kept``.
 
@@ -54,6 +56,12 @@ class Search:
     # the calibration method that measured best with these layers kept, where ``outputs`` measures several (a
     # layer kept float changes which activation ranges are best downstream); None: the first build's method
     calibration_for: Callable[[list[str]], str | None] | None = None
+    # the ranking measures each layer's rounding at the model's output, alone (jetson: converters/tensorrt.py
+    # _isolated_snr): the layers are then kept in rank order, the fewest ranked worst together that pass. A layer
+    # kept alone measures less than it is worth where the layers after it round again: re-rounding snaps back
+    # part of the noise that came before it, which a float layer passes on (ppocr-cls: its first depthwise
+    # convolution's rounding alone costs the output 3 dB, and kept float alone it gains -0.05 dB)
+    by_rank: bool = False
 
 
 @dataclass
@@ -70,6 +78,7 @@ class Outcome:
     spread: bool = False  # no layer ranked worst mattered alone: nothing to keep (the error is everywhere)
     spread_why: str = ""  # what was measured to say so
     shown: bool = True  # the search samples showed the failure (all-INT8 failed their checks)
+    in_rank_order: bool = False  # kept: the ranked worst together (more are added in rank order too)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -255,6 +264,17 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
                 f"({first[0].gain_db:+.1f} dB)")
         return Outcome(first, scanned, base, first[0].alone_snr_db if first else base, builds,
                        time.perf_counter() - t0, search.keeps_as, True, shown=False)
+    group = min(max_kept, len(ranked))
+    if search.by_rank and group > 1 and time.perf_counter() - t0 <= budget_s:
+        snr, ok = prefix(group)
+        if ok:
+            log(f"the {group} ranked worst together pass ({snr:.1f} dB): the ranking measures each layer at the "
+                "output, so the fewest of them in rank order are searched (kept alone, a layer passes on the "
+                "rounding before it that the next rounding had snapped back)")
+            out = fewest(scanned, 2, group)
+            out.in_rank_order = True
+            return out
+        log(f"the {group} ranked worst together fail ({snr:.1f} dB): layers are added by measured gain")
     order = sorted(scanned, key=lambda lay: -(lay.gain_db if np.isfinite(lay.gain_db) else 1e9))
     order += [lay for lay in ranked if lay not in scanned]  # beyond the measured ones: by local rank
     kept: list[Layer] = []
@@ -513,7 +533,8 @@ def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dic
                                             "search_samples": int(len(search.reference[0])), "passed_after": False}
         return artifact, checked
     ranked = [lay for lay in sorted(search.layers, key=lambda x: x.local_sqnr_db) if lay not in outcome.kept]
-    extra = sorted(ranked, key=lambda x: -(x.gain_db if x.gain_db is not None and np.isfinite(x.gain_db) else -1e9))
+    extra = ranked if outcome.in_rank_order else sorted(
+        ranked, key=lambda x: -(x.gain_db if x.gain_db is not None and np.isfinite(x.gain_db) else -1e9))
     t0 = time.perf_counter()
     more = extra_steps if outcome.passed_search else 0  # more layers only where the search samples passed
     built = None  # the last (artifact, checked) this loop built

@@ -242,8 +242,8 @@ def _text_lines(h: int, w: int, n: int, seed: int = 0) -> np.ndarray:
     return np.stack(out)
 
 
-def text_lines_rgb(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
-    x = (_text_lines(h, w, n) / 255.0 - 0.5) / 0.5
+def text_lines_rgb(h: int, w: int, n: int = SAMPLES, seed: int = 0) -> np.ndarray:
+    x = (_text_lines(h, w, n, seed=seed) / 255.0 - 0.5) / 0.5
     return np.ascontiguousarray(np.repeat(x[:, None], 3, axis=1), dtype=np.float32)
 
 
