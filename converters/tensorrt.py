@@ -173,7 +173,9 @@ class TensorRTConverter:
 
     def mixed_search(self, job: ConvertJob, artifact: Artifact) -> Search:
         """The layers an INT8 build may keep out of quantization (TensorRT then runs them in fp16/fp32, as
-        ``--int8 --fp16`` allows), ranked by local quantization SQNR, and a builder for the search."""
+        ``--int8 --fp16`` allows), ranked by the worse of their local quantization SQNR and the output SNR with
+        only their rounding (_isolated_snr), and a builder for the search. The ranking measures at the output, so
+        the search keeps the fewest ranked worst together (``by_rank``)."""
         onnx = require("onnx", "jetson")
         from onnx import helper
 
