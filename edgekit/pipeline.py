@@ -12,6 +12,7 @@ such a build.
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -67,6 +68,19 @@ class _Clock:
         yield
         self.times[name] = time.perf_counter() - t0
         self.on_stage(name, f"{self.times[name]:.2f} s")
+
+
+def _unshowable_bar(bar: float, n: int, kinds: dict[str, str], warn: Callable[[str], None]) -> None:
+    """Warn where a --tolerance agreement bar is more than n golden samples can show: all n agreeing proves only
+    n / (n + 1.96^2) (the Wilson 95% interval's low end), and below one disagreement in n the bar is 100%."""
+    z2 = 1.96 ** 2
+    if not 0 < bar < 1 or not {"class", "ctc"} & set(kinds.values()) or n / (n + z2) >= bar:
+        return
+    need = math.ceil(z2 * bar / (1 - bar))
+    warn(f"--tolerance min_top1_agreement={bar:g} on {n} golden samples: all {n} agreeing shows only "
+         f"{n / (n + z2):.1%} (the 95% interval's low end), and one disagreement is {100 / n:.1f} points, so a build "
+         f"that agrees on fewer inputs than the bar can pass it. Give --golden {need} or more (the --eval or --calib "
+         "file must hold that many samples) for a bar the check can show")
 
 
 def convert(
@@ -174,6 +188,8 @@ def convert(
             planned = stages.plan(ing, an, tgt, brd, precision, log, options)
         with clock.stage("compress"):
             comp = stages.compress(ing, planned, golden_count, _warn, output_kinds, eval_output)
+            if tolerance and "min_top1_agreement" in tolerance:
+                _unshowable_bar(float(tolerance["min_top1_agreement"]), len(comp.golden), comp.kinds, _warn)
         m = ing.model
         if out is None:  # one folder per model, target and precision: builds never collide under build/
             out = Path(DEFAULT_BUILD_ROOT) / bundle_name(m.source, tgt.name, planned.precision)

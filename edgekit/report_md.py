@@ -18,6 +18,12 @@ def _ci(ci: Any) -> str:
     return f", 95% CI {ci[0]:.1%}–{ci[1]:.1%}" if ci else ""
 
 
+def _ties(m: dict[str, Any]) -> str:
+    """"; 2 near-tie flips count as agreeing": the flips the bar did not count (check_output's near-ties)."""
+    n = int(m.get("near_tie_disagreements") or 0)
+    return f"; {n} near-tie flip{'s' if n > 1 else ''} count{'' if n > 1 else 's'} as agreeing" if n else ""
+
+
 def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
     m = o.get("metrics") or {}
     if o.get("kind") == "detection" and "iou" in m:
@@ -193,7 +199,8 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
     tol = man.get("tolerance") or {}
     for o in v["outputs"]:
         agree = "—" if o["top1_agreement"] is None else (
-            f"{o['top1_agreement']:.1%} (≥ {o['min_top1_agreement']:.0%}){_ci(o.get('top1_agreement_ci95'))}")
+            f"{o['top1_agreement']:.1%} (≥ {o['min_top1_agreement']:.0%}){_ci(o.get('top1_agreement_ci95'))}"
+            + _ties(o.get("metrics") or {}))
         floor = f" (floor {tol['abs_floor']:.3g})" if tol.get("abs_floor") else ""
         worst = "—" if o.get("worst_sample") is None else str(o["worst_sample"])
         lines.append(

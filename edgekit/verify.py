@@ -189,7 +189,7 @@ def verify(
         c = smoke.check_output(name, kinds[name], r, g, tol_d, precision)
         agree = c["top1_agreement"]
         metrics = {k: c[k] for k in ("snr_db", "cosine", "top5_agreement", "iou", "exact_match", "text_agreement",
-                                     "cer", "confidence_max_diff") if k in c}
+                                     "cer", "confidence_max_diff", "near_tie_disagreements") if k in c}
         checks.append(OutputCheck(
             name, c["max_abs_error"], c["max_abs_reference"], c["max_rel_error"], c["tolerance_rel"], agree,
             tol.min_top1_agreement if agree is not None else None, c["passed"],

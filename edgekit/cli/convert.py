@@ -70,7 +70,9 @@ def convert(
         t.add_column(col)
     for o in v.outputs:
         t.add_row(o.name, f"{o.max_abs_error:.4g}", f"{o.max_rel_error:.3%}", f"{o.tolerance_rel:.2%}",
-                  "—" if o.top1_agreement is None else f"{o.top1_agreement:.1%}",
+                  "—" if o.top1_agreement is None else f"{o.top1_agreement:.1%}" + (
+                      f" ({o.metrics['near_tie_disagreements']:.0f} near-tie flips count as agreeing)"
+                      if o.metrics.get("near_tie_disagreements") else ""),
                   "[green]pass[/]" if o.passed else "[red]FAIL[/]")
     console.print(t)
     if v.float_accuracy is not None:

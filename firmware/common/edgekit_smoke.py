@@ -132,7 +132,8 @@ def check_output(name, kind, ref, got, tol, label=""):
 
     Every kind: no NaN/Inf, and max |error| is reported. ``class`` and ``regression`` outputs must keep it
     within max(max_rel_error x output range, abs_floor) (an absolute floor, so a tiny-range output is not
-    failed on noise); ``mask`` and ``index`` outputs are judged by their decisions. ``class``: top-1 (and top-5) agreement;
+    failed on noise); ``mask`` and ``index`` outputs are judged by their decisions. ``class``: top-1 (and top-5)
+    agreement, a flipped near-tie (float's own top-2 margin under 1% of the range) counted as agreeing;
     ``regression``: SNR in dB (min_snr_db where the profile sets it) and cosine similarity; ``mask``: IoU at
     0.5 (min_iou); ``index``: exact match (min_exact); ``detection`` ([N, anchors, 4 box + objectness (+ classes)]):
     IoU of the detected anchors (score >= DET_SCORE, min_iou) and SNR of their boxes (min_snr_db); ``ctc`` ([N, T,
@@ -197,11 +198,15 @@ def check_output(name, kind, ref, got, tol, label=""):
         # a near-tie: float's own top-2 margin under 1% of the output range, a decision any rounding may move
         near = flips & ((top2[:, 1] - top2[:, 0]) < 0.01 * scale)
         out["disagreements"], out["near_tie_disagreements"] = int(np.count_nonzero(flips)), int(np.count_nonzero(near))
-        if not agree >= tol["min_top1_agreement"]:
+        # the bar counts a flipped near-tie as agreeing: the float model has not decided there (with 64 golden
+        # samples at 99%, one coin flip would fail any build); top1_agreement itself stays the plain share
+        judged = agree + out["near_tie_disagreements"] / max(1, len(r2))
+        if not judged >= tol["min_top1_agreement"]:
             failures.append("output %r: top-1 agrees with float on %.1f%% of %d golden %s (needs %.0f%%%s)%s" % (
-                name, 100 * agree, len(r2), "positions" if per_pos else "samples", 100 * tol["min_top1_agreement"],
-                at, "; %d of the %d disagreements are near-ties (float's top-2 margin under 1%% of the output range)"
-                % (out["near_tie_disagreements"], out["disagreements"]) if out["near_tie_disagreements"] else ""))
+                name, 100 * judged, len(r2), "positions" if per_pos else "samples", 100 * tol["min_top1_agreement"],
+                at, "; %d of the %d disagreements are near-ties (float's top-2 margin under 1%% of the output range),"
+                " counted as agreeing" % (out["near_tie_disagreements"], out["disagreements"])
+                if out["near_tie_disagreements"] else ""))
     elif kind == "regression" and not bad:
         noise = float(np.sum((got64 - ref64) ** 2))
         signal = float(np.sum(ref64 ** 2))

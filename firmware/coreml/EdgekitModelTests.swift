@@ -90,7 +90,11 @@ final class EdgekitModelTests: XCTestCase {
                 for i in 0..<ref.shape[0] {
                     let a = Array(got[k][(i * classes)..<((i + 1) * classes)])
                     let b = Array(r[(i * classes)..<((i + 1) * classes)])
-                    if a.firstIndex(of: a.max()!) == b.firstIndex(of: b.max()!) { agree += 1 }
+                    // a flipped near-tie (float's top-2 margin under 1% of the range) counts as agreeing, as the
+                    // host's check_output (firmware/common/edgekit_smoke.py) counts it
+                    let top2 = b.sorted(by: >)
+                    let nearTie = top2[0] - top2[1] < 0.01 * scale
+                    if a.firstIndex(of: a.max()!) == b.firstIndex(of: b.max()!) || nearTie { agree += 1 }
                 }
                 let share = Double(agree) / Double(ref.shape[0])
                 XCTAssertGreaterThanOrEqual(share, minAgree, "output \(spec["name"]!): top-1 agreement \(share)")
