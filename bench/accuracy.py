@@ -70,16 +70,19 @@ def models(work: Path, names: list[str]) -> list[dict]:
     return out
 
 
-def build(spec: dict, target: str, out: Path, options: dict, strict: bool, tolerance: dict | None = None) -> dict:
+def build(spec: dict, target: str, out: Path, options: dict, strict: bool, tolerance: dict | None = None,
+          golden: int | None = None) -> dict:
     from edgekit.errors import EdgekitError
     from edgekit.pipeline import convert
+    from edgekit.stages import GOLDEN_DEFAULT
 
     t0 = time.perf_counter()
     try:
         res = convert(spec["model"], target=target, precision="int8", calib=spec["calib"], eval_data=spec["eval"],
                       input_shape=spec.get("input_shape"), consts=spec.get("consts"), out=out,
                       output_kinds=spec.get("output_kinds"), options=options, strict=strict,
-                      tolerance=tolerance, cache=False, fail_on_verification=False)
+                      tolerance=tolerance, cache=False, fail_on_verification=False,
+                      golden_count=golden or GOLDEN_DEFAULT)
     except EdgekitError as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
     v, art = res.verification, res.manifest["artifact"]
