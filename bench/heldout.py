@@ -131,9 +131,11 @@ def main() -> None:
                 row["seconds"] = time.perf_counter() - t0
                 rows.append(row)
                 print(json.dumps(row, default=str), flush=True)
+    from edgekit import stages
+
+    c400 = len(stages.held_out(800, None, stages.draw(800, 400, None, seed=stages.GOLDEN_SEED)))  # as compress draws
     print(f"\nppocr-cls: agreement with float on the build's held-out eval lines (its cell: the zoo's 101; c400: "
-          f"593 of the 800) and on {args.n} more "
-          f"(seed {args.seed})\n")
+          f"{c400} of the 800) and on {args.n} more (seed {args.seed})\n")
     print(f"| target | build | the build (its eval lines) | {args.n} lines: agreement (Wilson 95%) | disagreements "
           "(float near-ties) | output SNR |")
     print("|---|---|---|---|---|---|")

@@ -623,6 +623,9 @@ def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str], calibration
     bias = first.get("bias_correction")
     if bias:  # as the first build decided (measured there): off is not measured again on every rebuild
         job.options["bias_correction"] = "on" if bias.get("applied") else "off"
+    eq = first.get("depthwise_equalization")
+    if eq:  # as the first build decided: the method's cached ranges are of the model it chose
+        job.options["equalize"] = "on" if eq.get("applied") else "off"
     # Core ML W8A8's ops kept fp32, as the first build measured them (measured again on every rebuild, ppocr-rec's
     # search ran past the zoo's 900 s cell limit)
     if "fp32_ops" in artifact.meta:
@@ -637,4 +640,6 @@ def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str], calibration
             f"by measurement with the kept layers float ({first['calibration_method']} measured best all-INT8)")
     if bias and "chosen" in bias:
         again.meta["quantization"]["bias_correction"]["chosen"] = bias["chosen"]
+    if eq and "chosen" in eq:
+        again.meta["quantization"]["depthwise_equalization"] = eq
     return again

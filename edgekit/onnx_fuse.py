@@ -182,3 +182,71 @@ def fold_pad_into_maxpool(proto) -> int:
         done += 1
     _drop_unread(graph, replaced)  # the pad amounts and the -inf, where nothing else reads them
     return done
+
+
+def depthwise_input_sites(proto) -> list[tuple[Any, Any, Any]]:
+    """Where a depthwise convolution's input can be equalized per channel, exactly: ``(conv, relu or None,
+    depthwise)`` for a Conv whose output alone feeds the depthwise Conv (one weight per channel and group, as many
+    groups as channels), directly or through a ReLU that alone reads it. Scaling the conv's output channel ``c``
+    by ``1/s`` and the depthwise's channel ``c`` by ``s`` then leaves the function as it was (ReLU commutes with a
+    positive scale), and each weight initializer involved must be read by its layer only."""
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    use = _readers(graph)
+    made = {o: n for n in graph.node for o in n.output}
+
+    def alone(name: str, reader) -> bool:
+        return use.get(name, []) == [reader]
+
+    def weights_own(n) -> bool:
+        return all(t in inits and alone(t, n) for t in n.input[1:] if t)
+
+    sites = []
+    for dw in graph.node:
+        if dw.op_type != "Conv" or len(dw.input) < 2 or dw.input[1] not in inits or not weights_own(dw):
+            continue
+        dims = list(inits[dw.input[1]].dims)
+        groups = next((a.i for a in dw.attribute if a.name == "group"), 1)
+        if groups < 2 or len(dims) < 3 or dims[0] != groups or dims[1] != 1 or not alone(dw.input[0], dw):
+            continue
+        relu = made.get(dw.input[0])
+        conv = relu
+        if relu is not None and relu.op_type == "Relu":
+            conv = made.get(relu.input[0])
+            if not alone(relu.input[0], relu):
+                continue
+        else:
+            relu = None
+        if (conv is None or conv.op_type != "Conv" or len(conv.input) < 2 or conv.input[1] not in inits
+                or not weights_own(conv) or inits[conv.input[1]].dims[0] != groups):
+            continue
+        sites.append((conv, relu, dw))
+    return sites
+
+
+def equalize_depthwise_inputs(proto, sites: list, channel_max: dict[str, np.ndarray],
+                              floor: float = 2.0 ** -8) -> list[dict]:
+    """Scale each site's (:func:`depthwise_input_sites`) conv output channel ``c`` by ``1/s_c`` and depthwise channel
+    ``c`` by ``s_c``, ``s_c = max|x_c| / max_c max|x_c|`` from ``channel_max`` (the depthwise input's per-channel
+    max |x| on calibration data, keyed by that tensor's name): every channel of the tensor between them then spans
+    the same range, so its one per-tensor INT8 scale serves each channel alike. Per-channel int8 weights take the
+    scales into their own per-channel scales, so the weights' rounding is unchanged. Channels under ``floor`` of
+    the largest (dead ones too) are scaled as if at the floor. In float64, written back at the weights' dtype.
+    Returns, per site, the tensor and its channel-range spread (largest / smallest) before."""
+    from onnx import numpy_helper
+
+    inits = {i.name: i for i in proto.graph.initializer}
+    done = []
+    for conv, _relu, dw in sites:
+        t = dw.input[0]
+        m = np.asarray(channel_max.get(t, []), np.float64)
+        if m.size != inits[dw.input[1]].dims[0] or not np.all(np.isfinite(m)) or m.max() <= 0:
+            continue
+        s = np.maximum(m / m.max(), floor)
+        shape = (-1,) + (1,) * (len(inits[conv.input[1]].dims) - 1)
+        for name, scale in [(conv.input[1], 1 / s.reshape(shape)), (dw.input[1], s.reshape(shape))] + (
+                [(conv.input[2], 1 / s)] if len(conv.input) > 2 and conv.input[2] else []):
+            arr = numpy_helper.to_array(inits[name])
+            inits[name].CopyFrom(numpy_helper.from_array((arr.astype(np.float64) * scale).astype(arr.dtype), name))
+        done.append({"tensor": t, "spread": round(float(m.max() / max(m.min(), m.max() * floor)), 2)})
+    return done

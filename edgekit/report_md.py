@@ -18,10 +18,15 @@ def _ci(ci: Any) -> str:
     return f", 95% CI {ci[0]:.1%}–{ci[1]:.1%}" if ci else ""
 
 
-def _ties(m: dict[str, Any]) -> str:
-    """"; 2 near-tie flips count as agreeing": the flips the bar did not count (check_output's near-ties)."""
+def near_ties(m: dict[str, Any]) -> str:
+    """"2 near-tie flips count as agreeing" (or ""): the flips the class bar did not count (check_output's
+    near-ties), as report.md and the CLI's table say it."""
     n = int(m.get("near_tie_disagreements") or 0)
-    return f"; {n} near-tie flip{'s' if n > 1 else ''} count{'' if n > 1 else 's'} as agreeing" if n else ""
+    return f"{n} near-tie flip{'s' if n > 1 else ''} count{'' if n > 1 else 's'} as agreeing" if n else ""
+
+
+def _ties(m: dict[str, Any]) -> str:
+    return f"; {near_ties(m)}" if near_ties(m) else ""
 
 
 def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:

@@ -64,6 +64,8 @@ def convert(
     if as_json:
         print(json.dumps(man, indent=2))
         return
+    from edgekit.report_md import near_ties
+
     v = res.verification
     t = Table(title=f"host verification: {v.runtime}, {v.golden_samples} golden samples", title_justify="left")
     for col in ("output", "max abs err", "rel err", "tolerance", "top-1 agree", "result"):
@@ -71,8 +73,7 @@ def convert(
     for o in v.outputs:
         t.add_row(o.name, f"{o.max_abs_error:.4g}", f"{o.max_rel_error:.3%}", f"{o.tolerance_rel:.2%}",
                   "—" if o.top1_agreement is None else f"{o.top1_agreement:.1%}" + (
-                      f" ({o.metrics['near_tie_disagreements']:.0f} near-tie flips count as agreeing)"
-                      if o.metrics.get("near_tie_disagreements") else ""),
+                      f" ({near_ties(o.metrics)})" if near_ties(o.metrics) else ""),
                   "[green]pass[/]" if o.passed else "[red]FAIL[/]")
     console.print(t)
     if v.float_accuracy is not None:
