@@ -160,10 +160,9 @@ class TensorRTConverter:
         lines, and with its layer search the build ends worse, docs/finetune.md), ``auto`` (the INT8 build ``dest``
         is built again from the equalized model with the same calibration method, and kept where the output SNR on
         up to 64 calibration samples rises) or ``on`` (``dest`` None: ``pre`` is equalized before calibration).
-        Where kept, ``pre`` (and
-        ``dest`` and the method's cached ranges) are replaced, so bias correction, the mixed-precision search and
-        its rebuilds (which repeat the decision as ``on`` / ``off``) build on the equalized model. The equalized
-        model depends on the calibration data only, not on the nodes kept float."""
+        Where kept, ``pre`` (and ``dest`` and the method's cached ranges) are replaced, so bias correction, the
+        mixed-precision search and its rebuilds (which repeat the decision as ``on`` / ``off``) build on the
+        equalized model. The equalized model depends on the calibration data only, not on the nodes kept float."""
         onnx = require("onnx", "jetson")
         from edgekit.onnx_fuse import depthwise_input_sites, equalize_depthwise_inputs
 
