@@ -95,8 +95,8 @@ class TensorRTConverter:
         feeds = list(job.calib.batches(job.model))
         excluded = list(job.options.get("keep_float_nodes") or [])
         placement = _placement(job)
-        early = str(job.options.get("equalize") or "off").lower() != "auto"  # on / off: decided before calibrating
-        equalized = self._equalization(job, pre, None, feeds, "", excluded, placement) if early else None
+        auto_equalize = str(job.options.get("equalize") or "off").lower() == "auto"  # on / off: decided now
+        equalized = None if auto_equalize else self._equalize_before(job, pre, feeds)
         asked = job.options.get("calibration") or "auto"
         measured: dict[str, float] = {}
         if asked == "auto":  # each method's model against the float one on calibration samples: the best wins
@@ -118,8 +118,8 @@ class TensorRTConverter:
         with job.substep("calibration"):
             ranges = _ranges(job, pre, feeds, chosen)  # computed above where measured (cached)
         _qdq(pre, dest, ranges, chosen, excluded, placement)
-        if equalized is None:
-            equalized = self._equalization(job, pre, dest, feeds, chosen, excluded, placement)
+        if auto_equalize:
+            equalized = self._equalize_if_better(job, pre, dest, feeds, chosen)
         bias = self._bias_correction(job, pre, dest, feeds)
         proto = prune_opsets(onnx.load(str(dest)))
         cap_ir_version(proto)
@@ -149,54 +149,70 @@ class TensorRTConverter:
         }
 
     @staticmethod
-    def _equalization(job: ConvertJob, pre: Path, dest: Path | None, feeds: list, method: str,
-                      excluded: list[str], placement: str) -> dict:
+    def _equalized(job: ConvertJob, pre: Path, feeds: list) -> tuple[object | None, dict]:
         """Per-channel equalization of the tensors that feed a depthwise convolution from a convolution (through
         a ReLU or directly; onnx_fuse.equalize_depthwise_inputs): each such tensor's channels are made to span
         the same range before its per-tensor INT8 range is calibrated, the scales moved into the two layers'
         per-channel weights, where int8 rounds them as before. MobileNet-style nets feed a depthwise layer
         channels whose ranges differ 8-16x (ppocr-cls), and one per-tensor scale leaves the small ones a few
         levels. ``--option equalize=off`` (default: on ppocr-cls it lifts the plain build by 2 dB on 1000 held-out
-        lines, and with its layer search the build ends worse, docs/finetune.md), ``auto`` (the INT8 build ``dest``
-        is built again from the equalized model with the same calibration method, and kept where the output SNR on
-        up to 64 calibration samples rises) or ``on`` (``dest`` None: ``pre`` is equalized before calibration).
-        Where kept, ``pre`` (and ``dest`` and the method's cached ranges) are replaced, so bias correction, the
-        mixed-precision search and its rebuilds (which repeat the decision as ``on`` / ``off``) build on the
-        equalized model. The equalized model depends on the calibration data only, not on the nodes kept float."""
+        lines, and with its layer search the build ends worse, docs/finetune.md), ``on`` (_equalize_before:
+        ``pre`` is equalized before calibration) or ``auto`` (_equalize_if_better). Where applied, bias
+        correction, the mixed-precision search and its rebuilds (which repeat the decision as ``on`` / ``off``)
+        build on the equalized model. The equalized model depends on the calibration data only, not on the nodes
+        kept float. Returns the equalized model (None where the mode is off or there is no site) and the
+        manifest's record."""
         onnx = require("onnx", "jetson")
         from edgekit.onnx_fuse import depthwise_input_sites, equalize_depthwise_inputs
 
         asked = str(job.options.get("equalize") or "off").lower()  # auto / on / off: TensorRTOptions checks
         chosen = "by --option" if job.options.get("equalize") else "default"
         if asked == "off":
-            return {"applied": False, "chosen": chosen}
+            return None, {"applied": False, "chosen": chosen}
         proto = onnx.load(str(pre))
         sites = depthwise_input_sites(proto)
         if not sites:
-            return {"applied": False, "chosen": chosen, "sites": 0,
-                    "reason": "no convolution feeds a depthwise convolution (directly or through a ReLU)"}
+            return None, {"applied": False, "chosen": chosen, "sites": 0,
+                          "reason": "no convolution feeds a depthwise convolution (directly or through a ReLU)"}
         with job.substep("depthwise equalization"):
-            done = equalize_depthwise_inputs(proto, sites, _channel_max(pre, [s[2].input[0] for s in sites], feeds))
-            record = {"applied": True, "chosen": chosen, "sites": len(done), "tensors": done}
-            if dest is None:  # on: equalized before calibration
-                onnx.save(proto, str(pre))
-                job.log(f"depthwise equalization of {len(done)} input(s) (channel ranges spread up to "
-                        f"{max(d['spread'] for d in done):.1f}x)")
-                return record
-            eq = job.work_dir / "equalized.onnx"
-            onnx.save(proto, str(eq))
+            ranges = _per_channel(pre, [s[2].input[0] for s in sites], feeds[:EQUALIZE_RANGE_BATCHES], "absmax")
+            done = equalize_depthwise_inputs(proto, sites, ranges)
+        job.log(f"depthwise equalization of {len(done)} input(s) (channel ranges spread up to "
+                f"{max(d['spread'] for d in done):.1f}x)")
+        return proto, {"applied": True, "chosen": chosen, "sites": len(done), "tensors": done}
+
+    def _equalize_before(self, job: ConvertJob, pre: Path, feeds: list) -> dict:
+        """``equalize=on`` / ``off``: ``pre`` equalized (in place) before calibration, as _equalized says."""
+        onnx = require("onnx", "jetson")
+
+        proto, record = self._equalized(job, pre, feeds)
+        if proto is not None:
+            onnx.save(proto, str(pre))
+        return record
+
+    def _equalize_if_better(self, job: ConvertJob, pre: Path, dest: Path, feeds: list, method: str) -> dict:
+        """``equalize=auto``: the INT8 build ``dest`` is built again from the equalized model with the same
+        calibration ``method`` and kept where the output SNR on up to EQUALIZE_SAMPLES calibration samples rises;
+        then ``pre``, ``dest`` and the method's cached ranges are replaced."""
+        onnx = require("onnx", "jetson")
+
+        proto, record = self._equalized(job, pre, feeds)
+        if proto is None:
+            return record
+        eq = job.work_dir / "equalized.onnx"
+        onnx.save(proto, str(eq))
+        with job.substep("depthwise equalization"):
             ranges = _ranges(job, eq, feeds, method, tag="equalized-")
             cand = job.work_dir / "int8-equalized.onnx"
-            _qdq(eq, cand, ranges, method, excluded, placement)
+            _qdq(eq, cand, ranges, method, list(job.options.get("keep_float_nodes") or []), _placement(job))
         # on twice the search's samples: ppocr-cls's gain (2.0 dB on 1000 held-out lines) measured -0.9 dB on the 32
         # search lines (one line's error dominates the sum) and +1.4 dB on all 59 calibration lines
         search = search_feeds(job, EQUALIZE_SAMPLES)
         ref = _run(pre, search)
         before, after = output_snr_db(ref, _run(dest, search)), output_snr_db(ref, _run(cand, search))
         apply = bool(after > before)
-        job.log(f"depthwise equalization of {len(done)} input(s) (channel ranges spread up to "
-                f"{max(d['spread'] for d in done):.1f}x): output SNR {before:.1f} -> {after:.1f} dB on "
-                f"{len(search)} calibration batches: {'applied' if apply else 'not applied'}")
+        job.log(f"depthwise equalization: output SNR {before:.1f} -> {after:.1f} dB on {len(search)} calibration "
+                f"batches: {'applied' if apply else 'not applied'}")
         if apply:
             for stale in job.work_dir.glob("ranges-*.json"):  # other methods' ranges, of the model before
                 if not stale.name.startswith("ranges-equalized-"):
@@ -436,23 +452,34 @@ def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     return run_all(load_firmware("tensorrt").OnnxRuntimeModel(str(path)), feeds)
 
 
-def _channel_max(model: Path, tensors: list[str], feeds: list, batches: int = 64) -> dict[str, np.ndarray]:
-    """Per tensor named, its largest |x| per channel (axis 1) over the first ``batches`` calibration batches."""
+def _per_channel(model, names: list[str], feeds: list, stat: str) -> dict[str, np.ndarray]:
+    """Per tensor named in ``model`` (an ONNX path or proto; each made a graph output of a copy, one onnxruntime
+    session), a statistic per channel (axis 1 of each value) over ``feeds``: ``mean`` (bias correction: int8
+    against float per output channel) or ``absmax``, the largest |x| (depthwise equalization's channel ranges)."""
     onnx = require("onnx", "jetson")
-    import onnxruntime as ort
-    from onnx import helper
+    ort = require("onnxruntime", "jetson")
+    from onnx import TensorProto, helper
 
-    proto = onnx.load(str(model))
-    known = {o.name for o in proto.graph.output}
-    proto.graph.output.extend(helper.make_tensor_value_info(t, onnx.TensorProto.FLOAT, None)
-                              for t in tensors if t not in known)
-    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    out: dict[str, np.ndarray] = {}
-    for f in feeds[:batches]:
-        for t, v in zip(tensors, sess.run(tensors, f), strict=True):
-            m = np.abs(np.asarray(v, np.float64)).swapaxes(0, 1).reshape(v.shape[1], -1).max(axis=1)
-            out[t] = np.maximum(out[t], m) if t in out else m
-    return out
+    m = onnx.ModelProto()
+    m.CopyFrom(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    acc: dict[str, np.ndarray] = {}
+    count: dict[str, int] = {}
+    for f in feeds:
+        for name, o in zip(names, sess.run(names, f), strict=True):
+            o = np.asarray(o, np.float64)
+            axes = tuple(a for a in range(o.ndim) if a != 1) if o.ndim > 2 else (0,)  # all but the channel axis
+            if stat == "mean":
+                acc[name] = acc.get(name, 0) + o.sum(axis=axes)
+                count[name] = count.get(name, 0) + int(np.prod([o.shape[a] for a in axes]))
+            else:
+                top = np.abs(o).max(axis=axes)
+                acc[name] = np.maximum(acc[name], top) if name in acc else top
+    return {name: v / max(1, count[name]) for name, v in acc.items()} if stat == "mean" else acc
 
 
 def _ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histograms: dict | None = None,
@@ -547,6 +574,7 @@ def _qdq(pre: Path, dest: Path, ranges: Path, name: str, excluded: list[str], pl
         )
 
 
+EQUALIZE_RANGE_BATCHES = 64  # calibration batches whose largest |x| per channel sets the equalization scales
 EQUALIZE_SAMPLES = 64  # calibration samples on which equalize=auto measures the equalized build against the plain
 ISOLATED_BUDGET_S = 60.0  # the mixed search's measure of each node's rounding alone, at most this long
 BIAS_CORRECTION_BATCHES = 64  # calibration batches whose per-channel means correct the biases, at most ...
@@ -617,8 +645,7 @@ def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> tuple[int,
     ``feeds``, measured with every earlier group already corrected, and subtracted from its bias (a Conv without
     one gets one). Layers are taken in graph order, in at most BIAS_CORRECTION_GROUPS groups."""
     onnx = require("onnx", "jetson")
-    ort = require("onnxruntime", "jetson")
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
     q = onnx.load(str(qdq))
     inits = {i.name: i for i in q.graph.initializer}
@@ -648,29 +675,12 @@ def _correct_biases(pre: Path, qdq: Path, dest: Path, feeds: list) -> tuple[int,
     k = _bias_batches(len(feeds), len(layers), _batch_values(feeds[0]))
     feeds = [feeds[i] for i in np.linspace(0, len(feeds) - 1, k).astype(int)] if k < len(feeds) else feeds
 
-    def means(model, names: list[str]) -> dict[str, np.ndarray]:
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        del m.graph.output[:]
-        m.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names)
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
-        sums: dict[str, np.ndarray] = {}
-        count: dict[str, int] = {}
-        for f in feeds:
-            for name, o in zip(names, sess.run(names, f), strict=True):
-                axes = tuple(a for a in range(o.ndim) if a != 1) if o.ndim > 2 else (0,)  # per channel
-                sums[name] = sums.get(name, 0) + o.astype(np.float64).sum(axis=axes)
-                count[name] = count.get(name, 0) + int(np.prod([o.shape[a] for a in axes]))
-        return {name: v / max(1, count[name]) for name, v in sums.items()}
-
-    ref = means(fp, [n.output[0] for n in layers])
+    ref = _per_channel(fp, [n.output[0] for n in layers], feeds, "mean")
     size = -(-len(layers) // BIAS_CORRECTION_GROUPS)
     done = 0
     for g in range(0, len(layers), size):
         group = layers[g:g + size]
-        got = means(q, [n.output[0] for n in group])
+        got = _per_channel(q, [n.output[0] for n in group], feeds, "mean")
         for n in group:
             shift = got[n.output[0]] - ref[n.output[0]]
             if not np.all(np.isfinite(shift)):

@@ -742,13 +742,13 @@ def test_depthwise_equalization_is_exact_in_float_and_evens_the_channels(tmp_pat
     assert len(sites) == 1 and sites[0][1].op_type == "Relu"
     feeds = [{"x": x[i:i + 1]} for i in range(64)]
     t = sites[0][2].input[0]
-    before = tensorrt._channel_max(path, [t], feeds)[t]
+    before = tensorrt._per_channel(path, [t], feeds, "absmax")[t]
     assert before.max() / before.min() > 50
     done = equalize_depthwise_inputs(proto, sites, {t: before})
     assert done == [{"tensor": t, "spread": round(float(before.max() / before.min()), 2)}]
     eq = tmp_path / "eq.onnx"
     onnx.save(proto, str(eq))
-    after = tensorrt._channel_max(eq, [t], feeds)[t]
+    after = tensorrt._per_channel(eq, [t], feeds, "absmax")[t]
     np.testing.assert_allclose(after, after.max(), rtol=1e-5)
     run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (path, eq)}
     a, b = (np.concatenate([run[p].run(None, f)[0] for f in feeds]) for p in (path, eq))
