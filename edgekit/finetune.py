@@ -678,8 +678,12 @@ def holdout_line(h: dict[str, Any]) -> str:
     agree = ("" if h["agreement_before"] is None else
              f"; top-1 agreement {h['agreement_before']:.1%} -> {h['agreement_after']:.1%} (INT8 fake-quant), "
              f"{h['float_weights_agreement_after']:.1%} (the fine-tuned float weights)")
-    worse = (" -- worse on samples it did not train on: it fits its training samples; give more data, fewer "
-             "--epochs or a lower --lr" if h["loss_after"] > h["loss_before"] else "")
+    fell = h["agreement_before"] is not None and h["agreement_after"] < h["agreement_before"]
+    what = ("worse" if h["loss_after"] > h["loss_before"] else
+            "top-1 agreement fell (the loss did not rise)" if fell else "")
+    # ppocr-cls on 3800 lines: the held-out loss fell 0.0075 -> 0.0054 while agreement fell 95.0% -> 93.5%
+    worse = (f" -- {what} on samples it did not train on: it fits its training samples; give more data, fewer "
+             "--epochs or a lower --lr" if what else "")
     return (f"held out {h['samples']} samples: distillation loss {h['loss_before']:.4g} -> {h['loss_after']:.4g}"
             f"{agree}{worse}")
 
