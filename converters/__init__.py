@@ -66,6 +66,11 @@ class TensorRTOptions(_Options):
         "weights, so its per-tensor INT8 range serves every channel: off (default: on the zoo's ppocr-cls it measured "
         "+2 dB all-INT8 and no better with mixed precision, docs/finetune.md), auto (applied where the model gets "
         "closer to float on calibration samples) or on")
+    student_ranges: Literal["on", "off"] = Field(
+        "off", description="INT8 of a .pt2 that edgekit finetune wrote for jetson: on imposes the activation ranges "
+        "its student trained with on the tensors that hold the same values, so the build computes what the student "
+        "did, and checks it against the float model it was fine-tuned from; off (default: on ppocr-cls +0.8 points "
+        "of agreement, but a larger worst-case output error, docs/finetune.md) calibrates them from --calib")
     _names = field_validator("keep_float_nodes", mode="before")(lambda cls, v: _split_names(v))
 
 

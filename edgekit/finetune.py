@@ -11,8 +11,10 @@ and, with ``feature_weight``, MSE on every quantized activation. No labels are r
 
 What flows back into ``convert``: the learned float weights (batch norms folded), saved as a ``.pt2``
 that convert quantizes again from ``--calib``. Weight scales follow from the weights (per-channel
-max |w| / 127, what the targets compute); the activation ranges used in training are recorded in the
-file's ``edgekit-finetune.json`` (the recipe, ``finetuned_from``), not imposed on convert.
+max |w| / 127, what the targets compute). The activation ranges used in training are recorded in the
+file's ``edgekit-finetune.json`` (with the recipe and ``finetuned_from``); a jetson convert with
+``--option student_ranges=on`` imposes them on the tensors that hold the same values (:func:`student_ranges`),
+so the Q/DQ build computes what the student trained as; otherwise, and on android, convert recalibrates.
 
 Runs on one process or under ``torchrun`` (DistributedDataParallel, gloo on CPU, nccl on CUDA): the
 global batch is split across the processes, so the same command trains the same model; only rank 0
@@ -658,8 +660,9 @@ def finetune(
                   "activation_ranges": [[float(a.lo), float(a.hi)] for a in _act_fqs(student)],
                   "loss_before": loss_before, "loss_after": loss_after,
                   "agreement_before": agree_before, "agreement_after": agree_after, "holdout": held,
-                  "flows_back": "learned float weights (batch norms folded); convert recalibrates activations "
-                                "from --calib and derives the weight scales from the weights"}
+                  "flows_back": "learned float weights (batch norms folded), and on jetson these activation ranges "
+                                "(convert --option student_ranges=on imposes them where the tensors match); the "
+                                "weight scales follow from the weights"}
         written = None
         if rank == 0:
             written = _write_model(student.net, m, out, record)
@@ -817,6 +820,75 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
             return json.loads(zf.read(name)) if name else None
     except (OSError, zipfile.BadZipFile, ValueError):
         return None
+
+
+STUDENT_MATCH_RTOL = 1e-3  # a student point's input and an ONNX tensor are the same where they agree to this ...
+STUDENT_MATCH_ATOL = 1e-4  # ... and this share of the point's largest |x|, on one calibration batch
+
+
+def student_ranges(model: Model, onnx_model: str | Path, feed: dict[str, np.ndarray]) -> dict[str, Any] | None:
+    """The activation ranges a jetson student trained with, for the tensors of ``onnx_model`` (the fine-tuned
+    ``.pt2`` exported to ONNX) that hold the same values; None where ``model`` is not a .pt2 finetune wrote.
+
+    The record lists one range per fake-quant point in the order :func:`_insert_fake_quant` makes them. The
+    student's graph is rebuilt from the fine-tuned program the same way and checked against the record (as many
+    points); each point's input, on ``feed`` (one calibration batch), is matched by value to the ONNX model's
+    inputs of the ops TensorRT quantizes. Values, not names or weights: the ONNX export renames tensors and may
+    fold a scale into a weight (ppocr-cls's squeeze-excite convolutions). An equalized tensor holds other values and
+    is not matched. Returns ``{"ranges": {tensor: (lo, hi)}, "points": N, "matched": k}``, or a ``reason``."""
+    if model.kind != "exported_program":
+        return None
+    rec = read_record(model.source)
+    if not isinstance(rec, dict) or not isinstance(rec.get("finetuned_from"), dict):
+        return None
+    recipe = rec.get("recipe") if isinstance(rec.get("recipe"), dict) else {}
+    if recipe.get("target") != "jetson" or recipe.get("prune"):
+        return {"ranges": {}, "points": 0, "matched": 0,
+                "reason": f"fine-tuned for {recipe.get('target')!r}{' with pruning' if recipe.get('prune') else ''}, "
+                          "not jetson: the activations are calibrated here"}
+    saved = rec.get("activation_ranges")
+    if not isinstance(saved, list) or not all(isinstance(r, list) and len(r) == 2 and all(
+            isinstance(v, (int, float)) and np.isfinite(v) for v in r) for r in saved):
+        return {"ranges": {}, "points": 0, "matched": 0, "reason": "the record holds no usable activation ranges"}
+    torch = require("torch")
+    onnx = require("onnx", "jetson")
+    ort = require("onnxruntime", "jetson")
+    from onnx import TensorProto, helper
+
+    gm = _graph_module(model)
+    _fold_batch_norms(gm)
+    _insert_fake_quant(gm, SYMMETRIC_ACTS["jetson"], inputs_only=True)
+    points = _act_fqs(gm)
+    if len(points) != len(saved):
+        return {"ranges": {}, "points": len(saved), "matched": 0,
+                "reason": f"the program has {len(points)} quantized activations, the record {len(saved)}"}
+    for a in points:  # each point's own list: the order they run in need not be the order they were made in
+        a.capture = []
+    _set_mode(gm, "off")
+    with torch.no_grad():  # one calibration batch, of the shape the program takes
+        gm(*(torch.from_numpy(np.asarray(feed[s.name])) for s in model.inputs))
+    values = [np.asarray(a.capture[0].detach().float().numpy()) if a.capture else None for a in points]
+    _uncapture(gm)
+    proto = onnx.load(str(onnx_model))
+    consts = {i.name for i in proto.graph.initializer}
+    quantized = ("Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool")
+    names = list(dict.fromkeys(t for n in proto.graph.node if n.op_type in quantized
+                               for t in n.input[:2 if n.op_type == "MatMul" else 1] if t and t not in consts))
+    del proto.graph.output[:]
+    proto.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in names)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    got = dict(zip(names, sess.run(names, feed), strict=True))
+    ranges: dict[str, tuple[float, float]] = {}
+    matched = 0
+    for v, (lo, hi) in zip(values, saved, strict=True):
+        same = [] if v is None else [t for t, o in got.items() if o.shape == v.shape and np.allclose(
+            o, v, rtol=STUDENT_MATCH_RTOL, atol=STUDENT_MATCH_ATOL * max(float(np.abs(v).max()), 1e-12))]
+        for t in same:
+            ranges[t] = (float(lo), float(hi))
+        matched += bool(same)
+    return {"ranges": ranges, "points": len(saved), "matched": matched}
 
 
 def result_json(res: FinetuneResult) -> dict[str, Any]:

@@ -196,7 +196,9 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
         f"- verification: **{'PASSED' if v['passed'] else 'FAILED'}** with {v['runtime']} on {v['golden_samples']} golden samples from `{v['golden_source']}`"
         + _selection(man["golden"].get("selection")),
         "",
-        "## Host verification (artifact vs float model)",
+        "## Host verification (artifact vs " + ("the float model it was fine-tuned from, which its student's "
+                                                 "activation ranges imitate)" if v.get("reference_model")
+                                                 else "float model)"),
         "",
         "| output | kind | max abs error | max rel error | tolerance | top-1 agreement | kind's metric | worst sample | result |",
         "|---|---|---|---|---|---|---|---|---|",

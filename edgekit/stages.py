@@ -299,11 +299,13 @@ def convert(job: ConvertJob, converter: Any) -> Artifact:
 
 
 def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, tol: Tolerance, runtime: str,
-           precision: str) -> Checked:
+           precision: str, reference: tuple[Callable, str] | None = None) -> Checked:
     """verify: first load the artifact in the host runtime and run it once (a failure there is the build's
     failure, named with the runtime's own message: the build is kept and marked failed); then compare it with
-    the float model on golden (and eval) data."""
+    the float model on golden (and eval) data: the model given, or ``reference`` (its runner and source; see
+    :func:`original_reference`)."""
     m = ing.model
+    run_ref = reference[0] if reference else m.reference()
     feeds = list(comp.golden.batches(m, len(comp.golden)))
     try:
         runner = make_runner()
@@ -312,14 +314,42 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
         from edgekit.quiet import first_line
         from edgekit.verify import run_all
 
-        ref = run_all(m.reference(), feeds)
+        ref = run_all(run_ref, feeds)
         gin = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
         v = Verification(runtime, precision, len(ref[0]), comp.golden.source, [], failures=[
             f"the artifact does not load or run in {runtime} ({type(exc).__name__}: {first_line(exc, 300)})"])
-        return Checked(v, gin, ref)
-    v, gin, gout = verify_outputs(m, m.reference(), runner, comp.golden, len(comp.golden), tol, runtime, precision,
-                                  comp.eval, comp.kinds, comp.eval_output)
-    return Checked(v, gin, gout)
+    else:
+        v, gin, ref = verify_outputs(m, run_ref, runner, comp.golden, len(comp.golden), tol, runtime, precision,
+                                     comp.eval, comp.kinds, comp.eval_output)
+    if reference:
+        v.reference_model = reference[1]
+        v.notes.append(f"checked against the float model it was fine-tuned from ({reference[1]}), not its own float "
+                       "weights: the build imposes the activation ranges its student trained with to imitate that "
+                       "model (--option student_ranges=off checks against its own)")
+    return Checked(v, gin, ref)
+
+
+def original_reference(m: Model) -> tuple[tuple[Callable, str] | None, str]:
+    """For a ``.pt2`` that `edgekit finetune` wrote: the float model it came from (found and checked as
+    :func:`_original` does) as a runner taking this model's feeds (inputs by position: names may differ), and its
+    source; (None, why) where there is none to use."""
+    from edgekit.finetune import read_record
+
+    rec = read_record(m.source) if m.kind == "exported_program" else None
+    if not isinstance(rec, dict) or not isinstance(rec.get("finetuned_from"), dict):
+        return None, "not a model edgekit finetune wrote"
+    orig, why = _original(rec["finetuned_from"], m)
+    if orig is None:
+        return None, why
+    if len(orig.inputs) != len(m.inputs) or len(orig.outputs) != len(m.outputs):
+        return None, (f"{orig.source} has {len(orig.inputs)} input(s) and {len(orig.outputs)} output(s), this model "
+                      f"{len(m.inputs)} and {len(m.outputs)}")
+    run_orig, names = orig.reference(), [s.name for s in orig.inputs]
+
+    def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+        return run_orig({n: feeds[s.name] for n, s in zip(names, m.inputs, strict=True)})
+
+    return (reference, orig.source), ""
 
 
 # the files a record may name as the original: formats edgekit reads without running code from them (a Keras file
@@ -352,25 +382,15 @@ def against_original(m: Model, make_runner: Callable[[], Runner], comp: Compress
     if trained_on:
         v.notes.append(f"{trained_on} of the {len(data)} {what} samples were among the samples edgekit finetune "
                        "trained on: agreement on them is not held out; give --eval samples it did not see")
-    origin = rec["finetuned_from"]
-    orig, why = _original(origin, m)
-    if orig is None:
+    found, why = original_reference(m)
+    if found is None:
         v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {why}")
         return
-    if len(orig.inputs) != len(m.inputs) or len(orig.outputs) != len(m.outputs):
-        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {orig.source} has "
-                       f"{len(orig.inputs)} input(s) and {len(orig.outputs)} output(s), this model "
-                       f"{len(m.inputs)} and {len(m.outputs)}")
-        return
-    run_orig, names = orig.reference(), [s.name for s in orig.inputs]
-
-    def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:  # the inputs by position: names may differ
-        return run_orig({n: feeds[s.name] for n, s in zip(names, m.inputs, strict=True)})
-
+    reference, source = found
     try:
         ref, got, _ = run_pair(reference, make_runner(), list(data.batches(m)))
     except Exception as exc:  # noqa: BLE001 - the original's runtime raises its own types
-        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {orig.source} does "
+        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {source} does "
                        f"not run on these inputs ({type(exc).__name__}: {str(exc)[:160]})")
         return
     smoke, tol_d, outputs = output_checks(), tol.model_dump(), {}
@@ -384,11 +404,11 @@ def against_original(m: Model, make_runner: Callable[[], Runner], comp: Compress
             said.append(f"output {name!r}: top-1 agrees on {o['top1_agreement']:.1%}")
         elif "snr_db" in o:
             said.append(f"output {name!r}: SNR {o['snr_db']:.1f} dB")
-    summary = (f"against the float model it was fine-tuned from ({orig.source}), on {n} {what} samples: "
+    summary = (f"against the float model it was fine-tuned from ({source}), on {n} {what} samples: "
                + ("; ".join(said) or "no decision or SNR to compare")
                + (f" ({trained_on} of them seen in fine-tuning)" if trained_on else ""))
     v.notes.append(summary)
-    v.against_original = {"model": orig.source, "sha256": orig.sha256, "samples": n, "from": what,
+    v.against_original = {"model": source, "sha256": str(rec["finetuned_from"]["sha256"]), "samples": n, "from": what,
                           "trained_on": trained_on, "outputs": outputs, "summary": summary}
 
 

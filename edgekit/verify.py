@@ -58,6 +58,9 @@ class Verification:
     eval_agreement: dict[str, dict[str, float]] = field(default_factory=dict)
     # a model `edgekit finetune` wrote: the same metrics against the float model it was fine-tuned from (reported)
     against_original: dict[str, Any] | None = None
+    # the float model the outputs were checked against, where not the model given: a fine-tuned .pt2 whose build
+    # imposes its student's activation ranges is checked against the float model the student imitated
+    reference_model: str | None = None
 
     @property
     def passed(self) -> bool:

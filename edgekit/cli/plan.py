@@ -37,7 +37,7 @@ def plan(
     build: Annotated[Path | None, typer.Option("--build", help="with --eval: keep the chosen build in this folder")] = None,
 ) -> None:
     """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
-    from edgekit.planner import BUDGET_NAMES, Budgets, analyze, choose, fmt_budget, plan_target, tightest
+    from edgekit.planner import BUDGET_NAMES, Budgets, analyze, choose, fmt_budget, plan_target
     from edgekit.refine import refine
     from edgekit.fsutil import work_dir
     from edgekit.profiles import load_board
