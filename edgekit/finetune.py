@@ -865,8 +865,12 @@ def student_ranges(model: Model, onnx_model: str | Path, feed: dict[str, np.ndar
     for a in points:  # each point's own list: the order they run in need not be the order they were made in
         a.capture = []
     _set_mode(gm, "off")
-    with torch.no_grad():  # one calibration batch, of the shape the program takes
-        gm(*(torch.from_numpy(np.asarray(feed[s.name])) for s in model.inputs))
+    try:
+        with torch.no_grad():  # one calibration batch, of the shape the program takes
+            gm(*(torch.from_numpy(np.asarray(feed[s.name])) for s in model.inputs))
+    except Exception as exc:  # noqa: BLE001 - torch raises many types; the build then calibrates as any model's
+        return {"ranges": {}, "points": len(saved), "matched": 0, "reason": "the student's graph did not run on a "
+                f"calibration batch ({type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''})"}
     values = [np.asarray(a.capture[0].detach().float().numpy()) if a.capture else None for a in points]
     _uncapture(gm)
     proto = onnx.load(str(onnx_model))
