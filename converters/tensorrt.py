@@ -34,7 +34,7 @@ from edgekit.errors import ConversionError
 from edgekit.mixed import (Layer, Search, channel_energy, keep_layers, output_snr_db, quant_noise, search_feeds,
                            weight_sqnr_db)
 from edgekit.mixed import db as mixed_db
-from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, toposort
+from edgekit.onnx_graph import cap_ir_version, export_onnx, prune_opsets, slim, tensor_values, toposort
 from edgekit.onnx_fuse import fold_pad_into_maxpool
 
 PRIMARY = "model.onnx"
@@ -249,7 +249,7 @@ class TensorRTConverter:
         if not feeds:
             return ranges, None
         with job.substep("student ranges"):
-            found = student_ranges(job.model, pre, feeds[0])
+            found = student_ranges(job.model, pre, feeds[0], TRT_QDQ_OPS)
         if found is None:
             return ranges, None
         record = {"points": found["points"], "matched": found["matched"], "chosen": "by --option"}
@@ -500,24 +500,14 @@ def _run(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
 
 
 def _per_channel(model, names: list[str], feeds: list, stat: str) -> dict[str, np.ndarray]:
-    """Per tensor named in ``model`` (an ONNX path or proto; each made a graph output of a copy, one onnxruntime
-    session), a statistic per channel (axis 1 of each value) over ``feeds``: ``mean`` (bias correction: int8
-    against float per output channel) or ``absmax``, the largest |x| (depthwise equalization's channel ranges)."""
-    onnx = require("onnx", "jetson")
-    ort = require("onnxruntime", "jetson")
-    from onnx import TensorProto, helper
-
-    m = onnx.ModelProto()
-    m.CopyFrom(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
-    del m.graph.output[:]
-    m.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    """Per tensor named in ``model`` (an ONNX path or proto), a statistic per channel (axis 1 of each value) over
+    ``feeds``: ``mean`` (bias correction: int8 against float per output channel) or ``absmax``, the largest |x|
+    (depthwise equalization's channel ranges)."""
+    run = tensor_values(model, names)
     acc: dict[str, np.ndarray] = {}
     count: dict[str, int] = {}
     for f in feeds:
-        for name, o in zip(names, sess.run(names, f), strict=True):
+        for name, o in run(f).items():
             o = np.asarray(o, np.float64)
             axes = tuple(a for a in range(o.ndim) if a != 1) if o.ndim > 2 else (0,)  # all but the channel axis
             if stat == "mean":

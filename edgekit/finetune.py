@@ -826,16 +826,18 @@ STUDENT_MATCH_RTOL = 1e-3  # a student point's input and an ONNX tensor are the 
 STUDENT_MATCH_ATOL = 1e-4  # ... and this share of the point's largest |x|, on one calibration batch
 
 
-def student_ranges(model: Model, onnx_model: str | Path, feed: dict[str, np.ndarray]) -> dict[str, Any] | None:
+def student_ranges(model: Model, onnx_model: str | Path, feed: dict[str, np.ndarray],
+                   quantized: tuple[str, ...]) -> dict[str, Any] | None:
     """The activation ranges a jetson student trained with, for the tensors of ``onnx_model`` (the fine-tuned
     ``.pt2`` exported to ONNX) that hold the same values; None where ``model`` is not a .pt2 finetune wrote.
 
     The record lists one range per fake-quant point in the order :func:`_insert_fake_quant` makes them. The
     student's graph is rebuilt from the fine-tuned program the same way and checked against the record (as many
     points); each point's input, on ``feed`` (one calibration batch), is matched by value to the ONNX model's
-    inputs of the ops TensorRT quantizes. Values, not names or weights: the ONNX export renames tensors and may
-    fold a scale into a weight (ppocr-cls's squeeze-excite convolutions). An equalized tensor holds other values and
-    is not matched. Returns ``{"ranges": {tensor: (lo, hi)}, "points": N, "matched": k}``, or a ``reason``."""
+    inputs of the ops TensorRT quantizes (``quantized``: converters.tensorrt.TRT_QDQ_OPS). Values, not names or
+    weights: the ONNX export renames tensors and may fold a scale into a weight (ppocr-cls's squeeze-excite
+    convolutions). An equalized tensor holds other values and is not matched. Returns
+    ``{"ranges": {tensor: (lo, hi)}, "points": N, "matched": k}``, or a ``reason``."""
     if model.kind != "exported_program":
         return None
     rec = read_record(model.source)
@@ -852,8 +854,7 @@ def student_ranges(model: Model, onnx_model: str | Path, feed: dict[str, np.ndar
         return {"ranges": {}, "points": 0, "matched": 0, "reason": "the record holds no usable activation ranges"}
     torch = require("torch")
     onnx = require("onnx", "jetson")
-    ort = require("onnxruntime", "jetson")
-    from onnx import TensorProto, helper
+    from edgekit.onnx_graph import tensor_values
 
     gm = _graph_module(model)
     _fold_batch_norms(gm)
@@ -875,15 +876,9 @@ def student_ranges(model: Model, onnx_model: str | Path, feed: dict[str, np.ndar
     _uncapture(gm)
     proto = onnx.load(str(onnx_model))
     consts = {i.name for i in proto.graph.initializer}
-    quantized = ("Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool")
     names = list(dict.fromkeys(t for n in proto.graph.node if n.op_type in quantized
                                for t in n.input[:2 if n.op_type == "MatMul" else 1] if t and t not in consts))
-    del proto.graph.output[:]
-    proto.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in names)
-    so = ort.SessionOptions()
-    so.log_severity_level = 3
-    sess = ort.InferenceSession(proto.SerializeToString(), so, providers=["CPUExecutionProvider"])
-    got = dict(zip(names, sess.run(names, feed), strict=True))
+    got = tensor_values(proto, names)(feed)
     ranges: dict[str, tuple[float, float]] = {}
     matched = 0
     for v, (lo, hi) in zip(values, saved, strict=True):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import io
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +134,21 @@ def prune_opsets(proto: Any) -> Any:
     del proto.opset_import[:]
     proto.opset_import.extend(keep)
     return proto
+
+
+def tensor_values(model: Any, names: list[str]) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A runner of ``model`` (an ONNX path or proto, left as it is) that returns the values of the tensors
+    ``names`` (any in the graph, inputs included) for one feed: one onnxruntime session of a copy whose graph
+    outputs are those tensors."""
+    onnx = require("onnx", "jetson")
+    ort = require("onnxruntime", "jetson")
+    from onnx import TensorProto, helper
+
+    m = onnx.ModelProto()
+    m.CopyFrom(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)))
+    del m.graph.output[:]
+    m.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in names)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    return lambda feed: dict(zip(names, sess.run(names, feed), strict=True))

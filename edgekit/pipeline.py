@@ -227,7 +227,7 @@ def convert(
                     artifact, checked = fallback(job, conv, artifact, checked, comp.kinds, tol, check, log, _warn)
                 # a fine-tuned model's final build, once, against the float model it came from
                 stages.against_original(ing.model, lambda: conv.host_runner(job, artifact), comp, tol,
-                                        planned.precision, checked.verification)
+                                        planned.precision, checked.verification, reference)
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 versions = conv.versions() if hasattr(conv, "versions") else {}

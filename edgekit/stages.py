@@ -360,13 +360,14 @@ _ORIGINAL_METRICS = ("top1_agreement", "disagreements", "snr_db", "cosine", "iou
 
 
 def against_original(m: Model, make_runner: Callable[[], Runner], comp: Compression, tol: Tolerance, precision: str,
-                     v: Verification) -> None:
+                     v: Verification, original: tuple[Callable, str] | None = None) -> None:
     """A ``.pt2`` that `edgekit finetune` wrote is verified against its own fine-tuned float weights; the model the
     user means to ship is the float model it came from. So the final build (once, after any mixed-precision
     rebuilds) is measured against that one too, on the eval (else golden) samples, reported in
     ``v.against_original`` and a note, not gating. The record's sample fingerprints tell which of those samples the
     fine-tuning trained on (then the agreement is not held out). Only a model file (:data:`ORIGINAL_SUFFIXES`) at
-    the recorded path with the recorded sha256 is read: a record in a file names no code to run."""
+    the recorded path with the recorded sha256 is read: a record in a file names no code to run. ``original``: that
+    model as :func:`original_reference` gives it, where the caller has it already (the gate's reference)."""
     from edgekit.finetune import read_record, sample_digests
     from edgekit.verify import output_checks, run_pair
 
@@ -382,7 +383,7 @@ def against_original(m: Model, make_runner: Callable[[], Runner], comp: Compress
     if trained_on:
         v.notes.append(f"{trained_on} of the {len(data)} {what} samples were among the samples edgekit finetune "
                        "trained on: agreement on them is not held out; give --eval samples it did not see")
-    found, why = original_reference(m)
+    found, why = (original, "") if original else original_reference(m)
     if found is None:
         v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {why}")
         return
