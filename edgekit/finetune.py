@@ -846,8 +846,9 @@ def student_ranges(model: Model, onnx_model: str | Path, feed: dict[str, np.ndar
     recipe = rec.get("recipe") if isinstance(rec.get("recipe"), dict) else {}
     if recipe.get("target") != "jetson" or recipe.get("prune"):
         return {"ranges": {}, "points": 0, "matched": 0,
-                "reason": f"fine-tuned for {recipe.get('target')!r}{' with pruning' if recipe.get('prune') else ''}, "
-                          "not jetson: the activations are calibrated here"}
+                "reason": (f"fine-tuned for {recipe['target']!r}" if recipe.get("target") else "the record names no "
+                           "target") + (" with pruning" if recipe.get("prune") else "") + ", not jetson: the "
+                          "activations are calibrated here"}
     saved = rec.get("activation_ranges")
     if not isinstance(saved, list) or not all(isinstance(r, list) and len(r) == 2 and all(
             isinstance(v, (int, float)) and np.isfinite(v) for v in r) for r in saved):

@@ -117,6 +117,16 @@ def finetune_record_naming(s: Path, v: Path, m: Path) -> Path:
     return pt2_with(s / "m.pt2", **{"extra__edgekit-finetune.json": json.dumps(record).encode()})
 
 
+def finetune_record_wild_ranges(s: Path, v: Path, m: Path) -> Path:
+    """A jetson finetune record whose activation ranges are +-1e30 and whose original is a file of the victim's: with
+    ``--option student_ranges=on`` the ranges are imposed (numbers are numbers), the victim's file is not read as a
+    model, and the build is checked against its own weights, where it fails."""
+    (v / "secret.onnx").write_bytes(b"the victim's own file, not a model")
+    record = {"finetuned_from": {"path": str(v / "secret.onnx"), "abspath": str(v / "secret.onnx"), "sha256": "0" * 64},
+              "recipe": {"target": "jetson"}, "activation_ranges": [[-1e30, 1e30]] * 5}
+    return pt2_with(s / "m.pt2", **{"extra__edgekit-finetune.json": json.dumps(record).encode()})
+
+
 def flip_byte(src: Path, dest: Path, member: str) -> Path:
     """Flip one byte of a member's data in place; the zip's CRC is left as it was."""
     data = bytearray(src.read_bytes())
@@ -385,6 +395,10 @@ def cases() -> list[Case]:
         # wrong types, is not loaded (the sha256 does not match) and breaks nothing; the build stands (exit 0)
         C("pt2_finetune_record_names_a_victim_file", "model", [*fp32, "--calib", "{CALIB}", "--eval", "{EVAL}"],
           r"", exit=0, one_line=False, build=finetune_record_naming),
+        C("pt2_finetune_record_wild_student_ranges", "model",
+          [*int8, "--calib", "{CALIB}", "--option", "student_ranges=on"],
+          r"is\s+not\s+there.*changed\s+since\s+fine-tuning", exit=2, one_line=False,
+          build=finetune_record_wild_ranges),
         C("model_missing", "model", ["convert", "{S}/none.pt2", *out], r"no such file"),
         C("model_is_folder", "model", ["convert", "{S}", *out], r"folder without saved_model\.pb"),
     ]
