@@ -85,10 +85,11 @@ def _fq_modules():
             self.register_buffer("hi", torch.tensor(float("-inf")))
             self.register_buffer("scale", torch.tensor(1.0))
             self.register_buffer("zero_point", torch.tensor(0, dtype=torch.int32))
+            self.learned: Any = None  # learn=True: the scale as a parameter (LSQ), from the held one
             self.mode = "off"  # off | observe | quant
             self.capture: list[Any] | None = None
 
-        def freeze(self) -> None:
+        def freeze(self, learn: bool = False) -> None:
             lo, hi = min(float(self.lo), 0.0), max(float(self.hi), 0.0)
             if self.symmetric:  # TensorRT: zero point 0, the range [-127, 127] * scale
                 self.scale.fill_(max(max(-lo, hi) / 127.0, 1e-8))
@@ -97,7 +98,27 @@ def _fq_modules():
                 scale = max((hi - lo) / 255.0, 1e-8)
                 self.scale.fill_(scale)
                 self.zero_point.fill_(int(np.clip(round(-128 - lo / scale), -128, 127)))
+            if learn:
+                self.learned = torch.nn.Parameter(self.scale.detach().clone())
             self.mode = "quant"
+
+        def held_range(self) -> tuple[float, float]:
+            """The range the student quantizes to: min/max as observed, or the grid of the learned scale."""
+            if self.learned is None:
+                return float(self.lo), float(self.hi)
+            s, zp = float(self.learned.detach().abs().clamp_min(1e-8)), int(self.zero_point)
+            return (-127.0 * s, 127.0 * s) if self.symmetric else ((-128 - zp) * s, (127 - zp) * s)
+
+        def _lsq(self, x):
+            """Learned step size (Esser et al. 2020): round with a straight-through gradient, clamp to the grid;
+            the scale's gradient is scaled by 1 / sqrt(elements x levels) as the paper does."""
+            s = self.learned.abs().clamp_min(1e-8)
+            g = 1.0 / float(np.sqrt(x[0].numel() * 127))
+            s = s * g + (s - s * g).detach()
+            zp = self.zero_point.float()
+            q = torch.clamp(x / s + zp, -128.0, 127.0)  # as fake_quantize_per_tensor_affine and QuantizeLinear
+            q = q + (torch.round(q) - q).detach()
+            return (q - zp) * s
 
         def forward(self, x):
             if self.mode == "observe":
@@ -106,7 +127,10 @@ def _fq_modules():
                     self.hi.copy_(torch.maximum(self.hi, x.max().float()))
             elif self.mode == "quant":
                 with torch.autocast(x.device.type, enabled=False):
-                    x = torch.fake_quantize_per_tensor_affine(x.float(), self.scale, self.zero_point, -128, 127)
+                    if self.learned is not None:
+                        x = self._lsq(x.float())
+                    else:
+                        x = torch.fake_quantize_per_tensor_affine(x.float(), self.scale, self.zero_point, -128, 127)
             if self.capture is not None:
                 self.capture.append(x)
             return x
@@ -337,17 +361,41 @@ def _loss(s_outs, t_outs, kinds: list[str], temperature: float, s_feats=None, t_
     F = torch.nn.functional
     total = 0.0
     for s, t, kind in zip(s_outs, t_outs, kinds, strict=True):
-        s, t = s.float().reshape(len(s), -1), t.float().reshape(len(t), -1)
-        if kind == "class":
+        if kind in ("class", "class-probabilities"):  # one decision per row of the last axis ([N, C] or [N, T, C])
+            s, t = s.float().reshape(-1, s.shape[-1]), t.float().reshape(-1, t.shape[-1])
+            if kind == "class-probabilities":  # a softmax ends the graph: its logs are the logits (up to a constant)
+                s, t = torch.log(s.clamp_min(PROB_FLOOR)), torch.log(t.clamp_min(PROB_FLOOR))
             T = temperature
             total = total + F.kl_div(F.log_softmax(s / T, 1), F.log_softmax(t / T, 1), reduction="batchmean",
                                      log_target=True) * T * T
         else:
-            total = total + F.mse_loss(s, t)
+            total = total + F.mse_loss(s.float().reshape(len(s), -1), t.float().reshape(len(t), -1))
     if feature_weight and s_feats:
         feat = sum(F.mse_loss(a.float(), b.float()) for a, b in zip(s_feats, t_feats, strict=True)) / len(s_feats)
         total = total + feature_weight * feat
     return total
+
+
+PROB_FLOOR = 1e-12  # probabilities are floored here before their log (ln 1e-12 = -27.6)
+
+
+def _loss_kinds(model: Model, data: Dataset, kinds: list[str]) -> list[str]:
+    """The kinds ``_loss`` reads: a ``class`` output whose float values on the first samples are probabilities
+    over its last axis (a softmax ends the graph) is ``class-probabilities``, and the KL takes their logs (the
+    logits behind them, up to a constant). Softmaxing the probabilities again (/T) gives near-uniform distributions
+    whose KL is about half the probabilities' mean squared difference: on a confident model that is ~1e-6, and
+    Adam's normalised steps then move the weights on noise (the loss rose 3x on a softmaxed digits CNN)."""
+    from edgekit.verify import run_all
+
+    feeds = list(data.batches(model, min(len(data), 64)))[:1]
+    ref = run_all(model.reference(), feeds) if feeds else []
+    out = []
+    for k, kind in enumerate(kinds):
+        r = np.asarray(ref[k], dtype=np.float64) if ref else None
+        probs = (kind == "class" and r is not None and r.size > 0 and r.min() >= 0 and r.max() <= 1
+                 and np.allclose(r.sum(axis=-1), 1.0, atol=1e-3))
+        out.append("class-probabilities" if probs else kind)
+    return out
 
 
 def _tensors(data: Dataset, model: Model):
@@ -424,6 +472,7 @@ def finetune(
     lr: float = 1e-4,
     temperature: float = 4.0,
     feature_weight: float = 0.0,
+    learn_ranges: bool = False,
     prune: float = 0.0,
     amp: bool = False,
     checkpoint_every: int = 0,
@@ -444,6 +493,8 @@ def finetune(
 
     ``prune`` (a share of channels, for ``pkg.module:factory`` / pickled modules) makes the student a channel-pruned
     copy (torch-pruning, as the planner prunes) and distills the whole float model into it.
+    ``learn_ranges``: the activation scales start at the min/max ranges and are trained with the weights (LSQ,
+    learned step size); the record holds the learned ranges, which jetson's ``student_ranges=on`` imposes.
     ``holdout`` (a share of the data) is kept out of training: the student's agreement with the float model on
     those samples, before and after, shows whether training generalises or fits its samples.
     ``checkpoint_every`` N steps (and at the end) a checkpoint goes to ``checkpoint_dir`` (default
@@ -505,11 +556,12 @@ def finetune(
                                  "give more inputs or a smaller --batch-size")
         total = steps_per_epoch * epochs
         kinds_by_name = infer_kinds(m, m.reference(), ds)
-        kinds = [kinds_by_name[s.name] for s in m.outputs]
+        kinds = _loss_kinds(m, ds, [kinds_by_name[s.name] for s in m.outputs])
         recipe = {"target": target, "epochs": epochs, "batch_size": batch_size, "lr": lr,
                   "temperature": temperature, "feature_weight": feature_weight, "prune": prune, "amp": bool(amp),
                   "seed": seed, "data": ds.source, "samples": n, "data_sha256": digest,
                   **({"holdout": holdout} if holdout else {}),  # absent at 0: older checkpoints resume
+                  **({"learn_ranges": True} if learn_ranges else {}),
                   "model_sha256": m.sha256}
         if state is not None:
             _check_resume(state, recipe, Path(resume))
@@ -545,7 +597,7 @@ def finetune(
             for i in range(0, n, 64):
                 _chunked(gm, chunk)(*(x[i:i + 64] for x in xs))
         for a in _act_fqs(gm):
-            a.freeze()
+            a.freeze(learn=learn_ranges)
         if prune:
             teacher_gm = _graph_module(m)
             teacher = _chunked(teacher_gm, 1 if _batch_chunk(teacher_gm, xs) else None).to(dev).eval()
@@ -578,9 +630,9 @@ def finetune(
 
         def losses(net, feats: bool, data=xs):
             """Distillation loss over all the (training, or ``data``) samples, and top-1 agreement of the first class
-            output."""
-            total_loss, agree, count = 0.0, 0, 0
-            ci = kinds.index("class") if "class" in kinds else None
+            output (per position where it is [N, T, C])."""
+            total_loss, agree, count, rows = 0.0, 0, 0, 0
+            ci = next((i for i, k in enumerate(kinds) if k.startswith("class")), None)
             with torch.no_grad():
                 for i in range(0, len(data[0]), 64):
                     b = [x[i:i + 64].to(dev) for x in data]
@@ -589,9 +641,11 @@ def finetune(
                     _uncapture(net), _uncapture(teacher)
                     total_loss += float(_loss(so, to, kinds, temperature, s_f, t_f, feature_weight)) * len(b[0])
                     if ci is not None:
-                        agree += int((so[ci].reshape(len(b[0]), -1).argmax(1) == to[ci].reshape(len(b[0]), -1).argmax(1)).sum())
+                        s_c, t_c = (o[ci].reshape(-1, o[ci].shape[-1]) for o in (so, to))
+                        agree += int((s_c.argmax(1) == t_c.argmax(1)).sum())
+                        rows += len(s_c)
                     count += len(b[0])
-            return total_loss / count, (agree / count if ci is not None else None)
+            return total_loss / count, (agree / rows if ci is not None else None)
 
         loss_before, agree_before = losses(student, feature_weight > 0)
         held_xs = _tensors(held_ds, m) if held_ds is not None else None
@@ -648,16 +702,21 @@ def finetune(
             origin["abspath"] = str(Path(m.source).resolve())
         record = {"finetuned_from": origin, "data_samples": sample_digests(ds, m),
                   "recipe": {**recipe, "steps": total, "world_size": world, "amp": amp_kind, "output_kinds": kinds_by_name,
-                             "loss": ("KL(T={:g}) on class outputs, MSE on others".format(temperature)
+                             "loss": ("KL(T={:g}) on class outputs".format(temperature)
+                                      + (" (on the logs of the probabilities of " + ", ".join(
+                                          s.name for s, k in zip(m.outputs, kinds) if k == "class-probabilities")
+                                         + ")" if "class-probabilities" in kinds else "")
+                                      + ", MSE on others"
                                       + (f", + {feature_weight:g} x feature MSE" if feature_weight else ""))},
                   "student": {"weights": "int8 symmetric per-channel (fake-quant)", "weight_layers": n_w,
                               "pruned": pruning,
                               "activations": ("int8 per-tensor " + ("symmetric" if SYMMETRIC_ACTS[target] else "asymmetric")
                                               + (" at the inputs of conv/linear/matmul/average pooling (TensorRT's "
                                                  "Q/DQ placement)" if target == "jetson" else " after every compute op")
-                                              + ", min/max over the data, held"),
+                                              + (", min/max over the data, then learned (LSQ)" if learn_ranges
+                                                 else ", min/max over the data, held")),
                               "activation_points": n_a, "batch_norms_folded": folded},
-                  "activation_ranges": [[float(a.lo), float(a.hi)] for a in _act_fqs(student)],
+                  "activation_ranges": [list(a.held_range()) for a in _act_fqs(student)],
                   "loss_before": loss_before, "loss_after": loss_after,
                   "agreement_before": agree_before, "agreement_after": agree_after, "holdout": held,
                   "flows_back": "learned float weights (batch norms folded), and on jetson these activation ranges "

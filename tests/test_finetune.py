@@ -250,6 +250,42 @@ def test_fixed_batch_graph_and_regression_output(tmp_path):
     assert res.loss_after < res.loss_before and res.steps == 8
 
 
+def test_probability_outputs_are_distilled_on_their_logs_per_position(digits, tmp_path):
+    """A graph that ends in a softmax gives probabilities: the KL takes their logs, which is the KL of the logits
+    behind them. (Softmaxing the probabilities again, /T, flattens them: on the confident digits CNN that loss
+    is ~1e-6, and it rose 3x in training.) A [N, T, C] class output is one decision per position: the KL is
+    over each row's C classes, not over the flattened T x C."""
+    import plan_nets  # tests/support: the digits example as an nn.Module
+
+    from edgekit.finetune import _loss
+
+    g = torch.Generator().manual_seed(0)
+    zs, zt = torch.randn(8, 10, generator=g) * 3, torch.randn(8, 10, generator=g) * 3
+    on_logits = float(_loss([zs], [zt], ["class"], 4.0))
+    on_probs = float(_loss([zs.softmax(1)], [zt.softmax(1)], ["class-probabilities"], 4.0))
+    assert on_probs == pytest.approx(on_logits, rel=1e-5)
+    zs, zt = torch.randn(2, 5, 4, generator=g), torch.randn(2, 5, 4, generator=g)
+    per_row = sum(float(_loss([zs[i, j:j + 1]], [zt[i, j:j + 1]], ["class"], 1.0)) for i in range(2) for j in range(5))
+    assert float(_loss([zs], [zt], ["class"], 1.0)) == pytest.approx(per_row / 10, rel=1e-5)
+
+    class Softmaxed(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = plan_nets.digits()
+
+        def forward(self, x):
+            return torch.softmax(self.net(x), 1)
+
+    src = tmp_path / "softmaxed.pt2"
+    torch.export.save(torch.export.export(Softmaxed().eval(), (torch.zeros(1, 1, 8, 8),)), src)
+    res = finetune(str(src), digits["calib"], tmp_path / "out.pt2", epochs=2)
+    assert "(on the logs of the probabilities of output)" in res.record["recipe"]["loss"]
+    assert res.record["recipe"]["output_kinds"] == {"output": "class"}
+    assert res.loss_after < res.loss_before
+    plain = finetune(digits["model"], digits["calib"], tmp_path / "plain.pt2", epochs=1)
+    assert "probabilities" not in plain.record["recipe"]["loss"]  # logits stay logits
+
+
 def test_onnx_model_through_the_bridge(digits, tmp_path):
     """An ONNX model is rebuilt in torch (onnx2torch, checked against onnxruntime) and fine-tuned like a .pt2."""
     import importlib.util
@@ -396,6 +432,34 @@ def test_jetson_convert_imposes_the_ranges_the_student_trained_with(digits, tune
         else:
             assert imposed < 4, (scales, student)  # convert's own calibration of the fine-tuned weights
             assert v.reference_model is None and res.manifest["verification"]["reference_model"] is None
+
+
+def test_learned_ranges_train_from_min_max_and_flow_into_the_build(digits, tuned, tmp_path):
+    """``learn_ranges``: each activation scale starts at the min/max one and trains with the weights (LSQ). The
+    record holds the learned grid (symmetric on jetson), and a jetson convert with ``student_ranges=on`` puts
+    those scales, not calibrated ones, on the matched tensors."""
+    import onnx
+    from onnx import numpy_helper
+
+    from edgekit.pipeline import convert
+
+    res = finetune(digits["model"], digits["calib"], tmp_path / "lsq.pt2", target="jetson", epochs=EPOCHS,
+                   learn_ranges=True)
+    assert res.record["recipe"]["learn_ranges"] is True and "learned (LSQ)" in res.record["student"]["activations"]
+    learned = [max(-lo, hi) / 127 for lo, hi in res.record["activation_ranges"]]
+    held = [max(-lo, hi) / 127 for lo, hi in tuned.record["activation_ranges"]]  # same data and seed, held ranges
+    assert all(lo == -hi for lo, hi in res.record["activation_ranges"])
+    moved = [abs(a / b - 1) for a, b in zip(learned, held, strict=True)]
+    assert max(moved) > 0.01, (learned, held)  # the scales trained ...
+    assert res.loss_after < res.loss_before and res.agreement_after >= 0.99  # ... and the student still learns
+    out = convert(str(res.out), target="jetson", out=tmp_path / "on", precision="int8", calib=str(digits["calib"]),
+                  options={"student_ranges": "on"}, fail_on_verification=False, cache=False)
+    proto = onnx.load(str(out.out_dir / "model.onnx"))
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    scales = [float(inits[n.input[1]]) for n in proto.graph.node
+              if n.op_type == "QuantizeLinear" and n.input[0] not in inits]
+    assert sum(any(abs(q - a) <= 1e-6 * a for a in learned) for q in scales) == 4 == len(scales), (scales, learned)
+    assert out.verification.passed, out.verification
 
 
 def test_crafted_student_ranges_are_refused_and_the_build_calibrates(digits, tuned, tmp_path):

@@ -23,6 +23,7 @@ def finetune(
     lr: Annotated[float, typer.Option("--lr", help="Adam learning rate (cosine schedule to 0)")] = 1e-4,
     temperature: Annotated[float, typer.Option("--temperature", help="distillation temperature for class outputs")] = 4.0,
     feature_weight: Annotated[float, typer.Option("--feature-weight", help="weight of the MSE on quantized intermediate activations (0: outputs only)")] = 0.0,
+    learn_ranges: Annotated[bool, typer.Option("--learn-ranges/--hold-ranges", help="train the activation scales with the weights (LSQ), from min/max; jetson's convert --option student_ranges=on imposes them")] = False,
     prune: Annotated[float, typer.Option("--prune", help="also remove this share of channels (torch-pruning; pkg.module:factory models)")] = 0.0,
     amp: Annotated[bool, typer.Option("--amp/--no-amp", help="mixed precision: bf16 autocast on CPU, fp16 with a grad scaler on CUDA")] = False,
     checkpoint_every: Annotated[int, typer.Option("--checkpoint-every", help="write a checkpoint every N steps (0: only at the end)")] = 0,
@@ -52,9 +53,9 @@ def finetune(
 
     try:
         res = run(model, data, out, target=target, epochs=epochs, batch_size=batch_size, lr=lr, temperature=temperature,
-                  feature_weight=feature_weight, prune=prune, amp=amp, checkpoint_every=checkpoint_every,
-                  checkpoint_dir=checkpoint_dir, resume=resume, seed=seed, holdout=holdout, device=device,
-                  input_shape=input_shape, trust_pickle=trust_pickle, on_step=on_step,
+                  feature_weight=feature_weight, learn_ranges=learn_ranges, prune=prune, amp=amp,
+                  checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume, seed=seed,
+                  holdout=holdout, device=device, input_shape=input_shape, trust_pickle=trust_pickle, on_step=on_step,
                   log=lambda m: rank0 and err.print(f"  [dim]{m}[/]", highlight=False))
     finally:
         progress.stop()
