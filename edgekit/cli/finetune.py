@@ -76,4 +76,5 @@ def finetune(
         console.print(f"checkpoints: {res.checkpoints[-1].parent}/ (last {res.checkpoints[-1].name})")
     calib = data if data.endswith(".npz") else "CALIB.npz"
     console.print(f"[bold green]fine-tuned[/] → {res.out}   next: edgekit convert {res.out} --target {target} "
-                  f"--precision int8 --calib {calib}")
+                  f"--precision int8 --calib {calib}"
+                  + (" --option student_ranges=on" if learn_ranges and target == "jetson" else ""))
