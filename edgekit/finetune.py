@@ -355,14 +355,26 @@ def _batch_chunk(student, xs) -> int | None:
     return None
 
 
+CLASS_LOSSES = ("kl", "mse")
+
+
 def _loss(s_outs, t_outs, kinds: list[str], temperature: float, s_feats=None, t_feats=None,
-          feature_weight: float = 0.0):
+          feature_weight: float = 0.0, class_loss: str = "kl"):
+    """``class_loss`` ``kl``: KL at ``temperature`` between the softened distributions (every row counts, the
+    confident ones too); ``mse``: mean squared difference of the probabilities (softmax of logits, or the outputs
+    themselves where a softmax ends the graph). Its gradient on a row's logits carries p(1 - p), so it spends the
+    student on the near ties, where agreement is decided, and little on rows the model is sure of."""
     torch = require("torch")
     F = torch.nn.functional
     total = 0.0
     for s, t, kind in zip(s_outs, t_outs, kinds, strict=True):
         if kind in ("class", "class-probabilities"):  # one decision per row of the last axis ([N, C] or [N, T, C])
             s, t = s.float().reshape(-1, s.shape[-1]), t.float().reshape(-1, t.shape[-1])
+            if class_loss == "mse":
+                if kind == "class":
+                    s, t = F.softmax(s, 1), F.softmax(t, 1)
+                total = total + F.mse_loss(s, t)
+                continue
             if kind == "class-probabilities":  # a softmax ends the graph: its logs are the logits (up to a constant)
                 s, t = torch.log(s.clamp_min(PROB_FLOOR)), torch.log(t.clamp_min(PROB_FLOOR))
             T = temperature
@@ -379,23 +391,32 @@ def _loss(s_outs, t_outs, kinds: list[str], temperature: float, s_feats=None, t_
 PROB_FLOOR = 1e-12  # probabilities are floored here before their log (ln 1e-12 = -27.6)
 
 
-def _loss_kinds(model: Model, data: Dataset, kinds: list[str]) -> list[str]:
-    """The kinds ``_loss`` reads: a ``class`` output whose float values on the first samples are probabilities
-    over its last axis (a softmax ends the graph) is ``class-probabilities``, and the KL takes their logs (the
-    logits behind them, up to a constant). Softmaxing the probabilities again (/T) gives near-uniform distributions
-    whose KL is about half the probabilities' mean squared difference: on a confident model that is ~1e-6, and
-    Adam's normalised steps then move the weights on noise (the loss rose 3x on a softmaxed digits CNN)."""
-    from edgekit.verify import run_all
+def _loss_kinds(kinds: list[str], ref: list[np.ndarray]) -> list[str]:
+    """The kinds ``_loss`` reads: a ``class`` output whose float values ``ref`` hold probabilities over its last
+    axis (a softmax ends the graph; the check verify and the board use) is ``class-probabilities``, and the KL takes
+    their logs (the logits behind them, up to a constant). Softmaxing the probabilities again (/T) gives
+    near-uniform distributions whose KL is about half the probabilities' mean squared difference (now
+    ``--class-loss mse``, by name)."""
+    from edgekit.verify import output_checks
 
-    feeds = list(data.batches(model, min(len(data), 64)))[:1]
-    ref = run_all(model.reference(), feeds) if feeds else []
+    smoke = output_checks()
     out = []
-    for k, kind in enumerate(kinds):
-        r = np.asarray(ref[k], dtype=np.float64) if ref else None
-        probs = (kind == "class" and r is not None and r.size > 0 and r.min() >= 0 and r.max() <= 1
-                 and np.allclose(r.sum(axis=-1), 1.0, atol=1e-3))
+    for kind, r in zip(kinds, ref, strict=True):
+        r = np.asarray(r, dtype=np.float64)
+        probs = kind == "class" and r.size > 0 and bool(smoke._probabilities(r.reshape(-1, r.shape[-1])))
         out.append("class-probabilities" if probs else kind)
     return out
+
+
+def _loss_text(class_loss: str, temperature: float, feature_weight: float, probability_outputs: list[str]) -> str:
+    """The record's ``recipe.loss``: what was minimised, in words."""
+    if class_loss == "mse":
+        text = "MSE of the probabilities on class outputs"
+    else:
+        text = f"KL(T={temperature:g}) on class outputs"
+        if probability_outputs:
+            text += f" (on the logs of the probabilities of {', '.join(probability_outputs)})"
+    return text + ", MSE on others" + (f", + {feature_weight:g} x feature MSE" if feature_weight else "")
 
 
 def _tensors(data: Dataset, model: Model):
@@ -471,6 +492,7 @@ def finetune(
     batch_size: int = 32,
     lr: float = 1e-4,
     temperature: float = 4.0,
+    class_loss: str = "kl",
     feature_weight: float = 0.0,
     learn_ranges: bool = False,
     prune: float = 0.0,
@@ -493,6 +515,7 @@ def finetune(
 
     ``prune`` (a share of channels, for ``pkg.module:factory`` / pickled modules) makes the student a channel-pruned
     copy (torch-pruning, as the planner prunes) and distills the whole float model into it.
+    ``class_loss``: ``kl`` (at ``temperature``) or ``mse`` on the probabilities (see ``_loss``).
     ``learn_ranges``: the activation scales start at the min/max ranges and are trained with the weights (LSQ,
     learned step size); the record holds the learned ranges, which jetson's ``student_ranges=on`` imposes.
     ``holdout`` (a share of the data) is kept out of training: the student's agreement with the float model on
@@ -501,7 +524,7 @@ def finetune(
     ``<out>.ckpt/``); ``resume`` continues one exactly (weights, optimizer, schedule, step, RNG)."""
     torch = require("torch")
     from edgekit.ingest import load_model
-    from edgekit.verify import infer_kinds
+    from edgekit.verify import infer_kinds, reference_outputs
 
     # every option is checked before any work
     if target not in TARGETS:
@@ -512,6 +535,9 @@ def finetune(
             raise InputSpecError(f"{name} {v}: give an integer of at least {lo}")
     if not lr > 0 or not temperature > 0 or feature_weight < 0:
         raise InputSpecError("--lr and --temperature must be positive, --feature-weight zero or more")
+    if class_loss not in CLASS_LOSSES:
+        raise InputSpecError(f"--class-loss {class_loss}: choose kl (KL at --temperature) or mse (the squared "
+                             "difference of the probabilities, which weighs the near ties)")
     if device not in (None, "auto", "cpu", "cuda"):
         raise InputSpecError(f"--device {device}: choose auto, cpu or cuda (under torchrun each process takes the "
                              "GPU of its LOCAL_RANK)")
@@ -555,13 +581,16 @@ def finetune(
             raise InputSpecError(f"--data {ds.source}: {n} samples are fewer than one batch of {batch_size}; "
                                  "give more inputs or a smaller --batch-size")
         total = steps_per_epoch * epochs
-        kinds_by_name = infer_kinds(m, m.reference(), ds)
-        kinds = _loss_kinds(m, ds, [kinds_by_name[s.name] for s in m.outputs])
+        ref = reference_outputs(m, m.reference(), ds)
+        kinds_by_name = infer_kinds(m, m.reference(), ds, outputs=ref)
+        kinds = _loss_kinds([kinds_by_name[s.name] for s in m.outputs], ref)
+        del ref
         recipe = {"target": target, "epochs": epochs, "batch_size": batch_size, "lr": lr,
                   "temperature": temperature, "feature_weight": feature_weight, "prune": prune, "amp": bool(amp),
                   "seed": seed, "data": ds.source, "samples": n, "data_sha256": digest,
                   **({"holdout": holdout} if holdout else {}),  # absent at 0: older checkpoints resume
                   **({"learn_ranges": True} if learn_ranges else {}),
+                  **({"class_loss": class_loss} if class_loss != "kl" else {}),
                   "model_sha256": m.sha256}
         if state is not None:
             _check_resume(state, recipe, Path(resume))
@@ -639,7 +668,7 @@ def finetune(
                     s_f, t_f = _capture(net, feats), _capture(teacher, feats)
                     so, to = net(*b), teacher(*b)
                     _uncapture(net), _uncapture(teacher)
-                    total_loss += float(_loss(so, to, kinds, temperature, s_f, t_f, feature_weight)) * len(b[0])
+                    total_loss += float(_loss(so, to, kinds, temperature, s_f, t_f, feature_weight, class_loss)) * len(b[0])
                     if ci is not None:
                         s_c, t_c = (o[ci].reshape(-1, o[ci].shape[-1]) for o in (so, to))
                         agree += int((s_c.argmax(1) == t_c.argmax(1)).sum())
@@ -669,7 +698,7 @@ def finetune(
                     to = teacher(*b)
                 with torch.autocast(dev.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                     so = train(*b)
-                    loss = _loss(so, to, kinds, temperature, s_f, t_f, feature_weight)
+                    loss = _loss(so, to, kinds, temperature, s_f, t_f, feature_weight, class_loss)
                 _uncapture(student), _uncapture(teacher)
                 opt.zero_grad(set_to_none=True)
                 scaler.scale(loss).backward()
@@ -702,12 +731,8 @@ def finetune(
             origin["abspath"] = str(Path(m.source).resolve())
         record = {"finetuned_from": origin, "data_samples": sample_digests(ds, m),
                   "recipe": {**recipe, "steps": total, "world_size": world, "amp": amp_kind, "output_kinds": kinds_by_name,
-                             "loss": ("KL(T={:g}) on class outputs".format(temperature)
-                                      + (" (on the logs of the probabilities of " + ", ".join(
-                                          s.name for s, k in zip(m.outputs, kinds) if k == "class-probabilities")
-                                         + ")" if "class-probabilities" in kinds else "")
-                                      + ", MSE on others"
-                                      + (f", + {feature_weight:g} x feature MSE" if feature_weight else ""))},
+                             "loss": _loss_text(class_loss, temperature, feature_weight, [
+                                 s.name for s, k in zip(m.outputs, kinds) if k == "class-probabilities"])},
                   "student": {"weights": "int8 symmetric per-channel (fake-quant)", "weight_layers": n_w,
                               "pruned": pruning,
                               "activations": ("int8 per-tensor " + ("symmetric" if SYMMETRIC_ACTS[target] else "asymmetric")

@@ -130,10 +130,17 @@ def output_checks() -> Any:
     return load_firmware("common", "edgekit_smoke")
 
 
-def infer_kinds(model: Model, reference: Runner, golden: Dataset, overrides: dict[str, str] | None = None
-                ) -> dict[str, str]:
+def reference_outputs(model: Model, reference: Runner, golden: Dataset) -> list[np.ndarray]:
+    """The float outputs on the golden samples (batches of 16), as ``infer_kinds`` reads them."""
+    feeds = list(golden.batches(model, min(len(golden), 16)))
+    return run_all(reference, feeds) if feeds else [np.zeros((0, *s.shape[1:])) for s in model.outputs]
+
+
+def infer_kinds(model: Model, reference: Runner, golden: Dataset, overrides: dict[str, str] | None = None,
+                outputs: list[np.ndarray] | None = None) -> dict[str, str]:
     """Each output's kind (class / regression / mask / index) from the float outputs on the golden samples,
-    with ``--output-kind name=kind`` overrides (names checked)."""
+    with ``--output-kind name=kind`` overrides (names checked). ``outputs``: those float outputs, where the caller
+    has them already (``reference_outputs``); the model is not run again."""
     smoke = output_checks()
     names = [s.name for s in model.outputs]
     overrides = dict(overrides or {})
@@ -143,8 +150,7 @@ def infer_kinds(model: Model, reference: Runner, golden: Dataset, overrides: dic
                                  f"{', '.join(names)})")
         if kind not in smoke.KINDS:
             raise InputSpecError(f"--output-kind {name}={kind}: choose one of {', '.join(smoke.KINDS)}")
-    feeds = list(golden.batches(model, min(len(golden), 16)))
-    ref = run_all(reference, feeds) if feeds else [np.zeros((0, *s.shape[1:])) for s in model.outputs]
+    ref = outputs if outputs is not None else reference_outputs(model, reference, golden)
     return {n: overrides.get(n) or smoke.infer_kind(r, len(names)) for n, r in zip(names, ref, strict=True)}
 
 

@@ -457,7 +457,6 @@ def test_ios_search_keeps_a_layer_without_calibrating_again():
     (the other reader keeps its rounding) and a matmul reads two activations."""
     import copy
 
-    import numpy as np
     import torch
     from torch import nn
     from torchao.quantization.pt2e import quantize_pt2e
@@ -505,7 +504,6 @@ def test_android_search_reuses_the_calibration_of_every_observer_it_can():
     spec) it calibrates again: here on a residual net (add), a concat and a linear head, each layer kept in turn."""
     import copy
 
-    import numpy as np
     import torch
     from torch import nn
     from torchao.quantization.pt2e import quantize_pt2e

@@ -22,6 +22,7 @@ def finetune(
     batch_size: Annotated[int, typer.Option("--batch-size", help="global batch (split over torchrun's processes)")] = 32,
     lr: Annotated[float, typer.Option("--lr", help="Adam learning rate (cosine schedule to 0)")] = 1e-4,
     temperature: Annotated[float, typer.Option("--temperature", help="distillation temperature for class outputs")] = 4.0,
+    class_loss: Annotated[str, typer.Option("--class-loss", help="loss on class outputs: kl (at --temperature) | mse (squared difference of the probabilities; weighs the near ties)")] = "kl",
     feature_weight: Annotated[float, typer.Option("--feature-weight", help="weight of the MSE on quantized intermediate activations (0: outputs only)")] = 0.0,
     learn_ranges: Annotated[bool, typer.Option("--learn-ranges/--hold-ranges", help="train the activation scales with the weights (LSQ), from min/max; jetson's convert --option student_ranges=on imposes them")] = False,
     prune: Annotated[float, typer.Option("--prune", help="also remove this share of channels (torch-pruning; pkg.module:factory models)")] = 0.0,
@@ -53,7 +54,7 @@ def finetune(
 
     try:
         res = run(model, data, out, target=target, epochs=epochs, batch_size=batch_size, lr=lr, temperature=temperature,
-                  feature_weight=feature_weight, learn_ranges=learn_ranges, prune=prune, amp=amp,
+                  class_loss=class_loss, feature_weight=feature_weight, learn_ranges=learn_ranges, prune=prune, amp=amp,
                   checkpoint_every=checkpoint_every, checkpoint_dir=checkpoint_dir, resume=resume, seed=seed,
                   holdout=holdout, device=device, input_shape=input_shape, trust_pickle=trust_pickle, on_step=on_step,
                   log=lambda m: rank0 and err.print(f"  [dim]{m}[/]", highlight=False))
