@@ -355,6 +355,34 @@ def _batch_chunk(student, xs) -> int | None:
     return None
 
 
+def _free_batch(gm) -> int:
+    """Let a graph traced at batch 1 take any batch: a reshape from ``[1, ...]`` to ``[1, ...]`` with as many
+    elements per sample (ppocr-cls's ``[1, 200, 1, 1] -> [1, 200]`` before its classifier, as onnxslim folded it
+    at the fixed shape) is rewritten to ``[-1, ...]``. Other ops may still hold the batch; the caller keeps the
+    rewrite only where ``_batch_chunk`` finds whole batches equal to one sample at a time. Returns how many."""
+    torch = require("torch")
+    aten = torch.ops.aten
+    done = 0
+    for n in gm.graph.nodes:
+        if n.op != "call_function" or n.target not in (aten.reshape.default, aten.view.default,
+                                                       aten._unsafe_view.default):
+            continue
+        inp = getattr(n.args[0], "meta", {}).get("val")
+        out = n.meta.get("val")
+        if inp is None or out is None or not inp.ndim or not out.ndim:
+            continue
+        try:
+            dims_in, dims_out = [int(d) for d in inp.shape], [int(d) for d in out.shape]
+        except (TypeError, ValueError):  # a symbolic size: the graph already follows some size
+            continue
+        if dims_in[0] == 1 and dims_out[0] == 1 and int(np.prod(dims_in[1:])) == int(np.prod(dims_out[1:])):
+            n.args = (n.args[0], [-1, *dims_out[1:]])
+            done += 1
+    if done:
+        gm.recompile()
+    return done
+
+
 CLASS_LOSSES = ("kl", "mse")
 
 
@@ -611,6 +639,13 @@ def finetune(
             log(f"pruned {prune:.0%} of the channels: MACs {pruning['macs_before']:,} -> {pruning['macs_after']:,}")
         else:
             gm = _graph_module(m)
+        if _batch_chunk(gm, xs) is not None:  # fixed at batch 1: free its reshapes, if whole batches then match
+            freed = copy.deepcopy(gm)
+            n_free = _free_batch(freed)
+            if n_free and _batch_chunk(freed, xs) is None:
+                gm = freed
+                log(f"the graph was traced at batch 1: {n_free} reshape(s) to it now follow the batch (whole batches "
+                    "checked against one sample at a time)")
         folded = _fold_batch_norms(gm)
         n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target], inputs_only=target == "jetson")
         chunk = _batch_chunk(gm, xs)

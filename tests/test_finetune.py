@@ -227,27 +227,45 @@ def test_cli_folder_of_npy_android_with_features(digits, tmp_path):
 
 
 def test_fixed_batch_graph_and_regression_output(tmp_path):
-    """A program exported at batch 1 with a reshape to it runs sample by sample inside each batch; a one-column
-    output is a regression output (MSE)."""
+    """A program exported at batch 1 with a reshape to it: where the reshape keeps the batch in front (a flatten
+    before the classifier) it is rewritten to follow the batch, checked against one sample at a time, and whole
+    batches train; where the batch is mixed in (a transpose first) the graph runs sample by sample inside each
+    batch, with the same result. A one-column output is a regression output (MSE)."""
+    from edgekit.finetune import _batch_chunk, _free_batch, _graph_module
 
     class Fixed(torch.nn.Module):
-        def __init__(self) -> None:
+        def __init__(self, mixed: bool) -> None:
             super().__init__()
+            self.mixed = mixed
             self.conv = torch.nn.Conv2d(1, 4, 3)
             self.fc = torch.nn.Linear(4 * 6 * 6, 1)
 
         def forward(self, x):
-            return self.fc(torch.relu(self.conv(x)).reshape(1, -1))
+            y = torch.relu(self.conv(x))
+            return self.fc((y.transpose(0, 1) if self.mixed else y).reshape(1, -1))
 
-    torch.manual_seed(0)
-    src = tmp_path / "fixed.pt2"
-    torch.export.save(torch.export.export(Fixed().eval(), (torch.zeros(1, 1, 8, 8),)), src)
     x = np.random.default_rng(0).random((64, 1, 8, 8), dtype=np.float32)
-    said: list[str] = []
-    res = finetune(str(src), x, tmp_path / "out.pt2", epochs=2, batch_size=16, lr=1e-5, log=said.append)
-    assert any("fixed at batch 1" in m for m in said)
-    assert res.agreement_before is None and res.record["recipe"]["output_kinds"] == {"output": "regression"}
-    assert res.loss_after < res.loss_before and res.steps == 8
+    results = {}
+    for mixed in (False, True):
+        torch.manual_seed(0)
+        src = tmp_path / f"fixed-{mixed}.pt2"
+        torch.export.save(torch.export.export(Fixed(mixed).eval(), (torch.zeros(1, 1, 8, 8),)), src)
+        said: list[str] = []
+        res = results[mixed] = finetune(str(src), x, tmp_path / f"out-{mixed}.pt2", epochs=2, batch_size=16,
+                                        lr=1e-5, log=said.append)
+        assert any(("fixed at batch 1" if mixed else "1 reshape(s) to it now follow the batch") in m for m in said)
+        assert res.agreement_before is None and res.record["recipe"]["output_kinds"] == {"output": "regression"}
+        assert res.loss_after < res.loss_before and res.steps == 8
+    # the same weights and data: whole batches and one sample at a time give the same training
+    assert results[False].loss_after == pytest.approx(results[True].loss_after, rel=1e-3)
+
+    from edgekit.ingest import load_model
+
+    gm = _graph_module(load_model(tmp_path / "fixed-False.pt2"))
+    xs = [torch.from_numpy(x[:8])]
+    assert _batch_chunk(gm, xs) == 1 and _free_batch(gm) == 1 and _batch_chunk(gm, xs) is None
+    gm = _graph_module(load_model(tmp_path / "fixed-True.pt2"))
+    assert _free_batch(gm) == 0 and _batch_chunk(gm, xs) == 1  # [4, 1, 6, 6] -> [1, 144]: not rewritten
 
 
 def test_probability_outputs_are_distilled_on_their_logs_per_position(digits, tmp_path):
