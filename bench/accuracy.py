@@ -17,10 +17,11 @@ the time each build took, for
 on the digits example, the MobileNetV2-shaped net (bench/android_nets.py, trained on digits), the digits
 network with an INT8-fragile head (tests/support/plan_nets.py) and the zoo's image classifiers (ppocr-cls and
 fer-keras; text lines and LFW faces have no labels: agreement with float only; fer-keras is a Keras model, which
-finetune cannot train). Every build is a real pipeline run (edgekit.pipeline.convert: export, quantize, verify on
+finetune trains through tf2onnx and the onnx2torch bridge). Every build is a real pipeline run (edgekit.pipeline.convert: export, quantize, verify on
 held-out samples); accuracy and agreement are on the eval samples.
 
-    python bench/accuracy.py [--targets jetson android] [--models digits mbv2 fragile ppocr-cls fer-keras] [--json FILE]
+    python bench/accuracy.py [--targets jetson android] [--models digits mbv2 fragile ppocr-cls fer-keras]
+                             [--class-loss kl|mse] [--json FILE]
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def training_part(spec: dict, work: Path) -> str:
     return str(path)
 
 
-def tuned(spec: dict, target: str, work: Path) -> dict:
+def tuned(spec: dict, target: str, work: Path, class_loss: str = "kl") -> dict:
     """(d): edgekit.finetune on the calibration inputs, then the new PTQ (+ mixed precision) on its output."""
     from edgekit.errors import EdgekitError
     from edgekit.finetune import finetune
@@ -127,7 +128,7 @@ def tuned(spec: dict, target: str, work: Path) -> dict:
     t0 = time.perf_counter()
     try:
         ft = finetune(spec["model"], training_part(spec, work), work / f"ft-{target}.pt2", target=target, epochs=10,
-                      input_shape=spec.get("input_shape"))
+                      input_shape=spec.get("input_shape"), class_loss=class_loss)
     except EdgekitError as exc:
         return {"error": f"{type(exc).__name__}: {str(exc)[:160]}", "seconds": time.perf_counter() - t0}
     spent = time.perf_counter() - t0
@@ -164,6 +165,7 @@ def main() -> None:
     ap.add_argument("--models", nargs="+", default=["digits", "fragile", "mbv2", "ppocr-cls", "fer-keras"])
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--no-finetune", dest="finetune", action="store_false", help="skip column (d)")
+    ap.add_argument("--class-loss", default="kl", choices=["kl", "mse"], help="finetune's loss on class outputs (d)")
     args = ap.parse_args()
     from edgekit.ingest import source_kind
 
@@ -186,7 +188,7 @@ def main() -> None:
                     opts["keras"] = "onnx"
                 c = dict(b) if b.get("passed") and tol is None else build(spec, target, work / "c", opts,
                                                                           strict=False, tolerance=tol)
-                d = tuned(spec, target, work) if finetune else {"error": "not run", "seconds": 0.0}
+                d = tuned(spec, target, work, args.class_loss) if finetune else {"error": "not run", "seconds": 0.0}
                 row = {"model": spec["name"], "target": target, "float": b.get("float"), "a": a, "b": b, "c": c, "d": d}
                 rows.append(row)
                 print(json.dumps(row, default=str), flush=True)

@@ -257,7 +257,7 @@ def test_fixed_batch_graph_and_regression_output(tmp_path):
         assert res.agreement_before is None and res.record["recipe"]["output_kinds"] == {"output": "regression"}
         assert res.loss_after < res.loss_before and res.steps == 8
     # the same weights and data: whole batches and one sample at a time give the same training
-    assert results[False].loss_after == pytest.approx(results[True].loss_after, rel=1e-3)
+    assert results[False].loss_after == pytest.approx(results[True].loss_after, rel=0.02)
 
     from edgekit.ingest import load_model
 

@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,9 +38,17 @@ def prepare_data(m: ZooModel, log=lambda s: None) -> Path:
     arr = zdata.build(m.data, cache_dir(), files)
     arrays = arr if isinstance(arr, dict) else {_first_input(m): arr}  # a recipe for several inputs names them
     dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.with_name(dest.stem + ".part.npz")
-    np.savez(tmp, **arrays)
-    tmp.replace(dest)
+    # a name of its own per process: two runs building the same inputs at once each write whole files, and the
+    # last rename wins (a shared ".part" name lost the race: one run renamed the other's file away from under it)
+    fd, name = tempfile.mkstemp(prefix=f".{dest.stem}.", suffix=".part.npz", dir=dest.parent)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        np.savez(tmp, **arrays)
+        tmp.replace(dest)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return dest
 
 
