@@ -224,6 +224,11 @@ def test_cli_folder_of_npy_android_with_features(digits, tmp_path):
                        timeout=300)
     assert r.returncode == 2 and "no such file" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert not (tmp_path / "other.pt2").exists()
+    r = subprocess.run([sys.executable, "-m", "edgekit", "finetune", str(digits["model"]), "-d", str(folder), "-o",
+                        str(tmp_path / "b.pt2"), "--class-loss", "brier"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "--class-loss brier: choose kl" in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "b.pt2").exists()
 
 
 def test_fixed_batch_graph_and_regression_output(tmp_path):

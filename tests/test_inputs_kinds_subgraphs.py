@@ -138,3 +138,44 @@ def test_zoo_sentences_do_not_depend_on_what_the_process_imported():
         importlib.import_module(name)
     zdata._sentence_pool.cache_clear()
     assert zdata.sentences(400) == before and len(set(before)) == 400
+
+
+def test_zoo_inputs_built_by_two_runs_at_once(tmp_path, monkeypatch):
+    """Two runs building the same zoo model's inputs at once (two bench scripts side by side) each write a file of
+    their own and rename it into place. With one shared ".part" name, the second rename found its file already
+    renamed away by the first (FileNotFoundError). Both writes are held at a barrier here, so the old race is
+    certain, not a matter of timing."""
+    import threading
+
+    from edgekit.zoo import run as zrun
+    from edgekit.zoo import select
+
+    monkeypatch.setenv("EDGEKIT_ZOO_CACHE", str(tmp_path))
+    monkeypatch.setattr(zrun.zdata, "build", lambda recipe, cache, files: np.arange(12, dtype=np.float32).reshape(4, 3))
+    monkeypatch.setattr(zrun, "other_files", lambda m, log=None: {})
+    both_written = threading.Barrier(2, timeout=30)
+    savez = np.savez
+
+    def savez_then_wait(file, **arrays):
+        savez(file, **arrays)
+        both_written.wait()
+
+    monkeypatch.setattr(zrun.np, "savez", savez_then_wait)
+    m = select(["ppocr-cls"])[0]
+    got, errors = [], []
+
+    def build() -> None:
+        try:
+            got.append(zrun.prepare_data(m))
+        except Exception as exc:  # noqa: BLE001 - the test reports whatever the run raised
+            errors.append(exc)
+
+    threads = [threading.Thread(target=build) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and len(got) == 2 and got[0] == got[1], errors
+    with np.load(got[0]) as z:
+        assert z["x"].tolist() == np.arange(12, dtype=np.float32).reshape(4, 3).tolist()
+    assert [p.name for p in got[0].parent.iterdir()] == [got[0].name]  # no partial file left
