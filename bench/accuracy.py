@@ -17,8 +17,9 @@ the time each build took, for
 on the digits example, the MobileNetV2-shaped net (bench/android_nets.py, trained on digits), the digits
 network with an INT8-fragile head (tests/support/plan_nets.py) and the zoo's image classifiers (ppocr-cls and
 fer-keras; text lines and LFW faces have no labels: agreement with float only; fer-keras is a Keras model, which
-finetune trains through tf2onnx and the onnx2torch bridge). Every build is a real pipeline run (edgekit.pipeline.convert: export, quantize, verify on
-held-out samples); accuracy and agreement are on the eval samples.
+finetune trains through tf2onnx and the onnx2torch bridge). Every build is a real pipeline run
+(edgekit.pipeline.convert: export, quantize, verify on held-out samples); accuracy and agreement are on the eval
+samples.
 
     python bench/accuracy.py [--targets jetson android] [--models digits mbv2 fragile ppocr-cls fer-keras]
                              [--class-loss kl|mse] [--json FILE]

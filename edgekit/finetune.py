@@ -422,9 +422,9 @@ PROB_FLOOR = 1e-12  # probabilities are floored here before their log (ln 1e-12 
 def _loss_kinds(kinds: list[str], ref: list[np.ndarray]) -> list[str]:
     """The kinds ``_loss`` reads: a ``class`` output whose float values ``ref`` hold probabilities over its last
     axis (a softmax ends the graph; the check verify and the board use) is ``class-probabilities``, and the KL takes
-    their logs (the logits behind them, up to a constant). Softmaxing the probabilities again (/T) gives
-    near-uniform distributions whose KL is about half the probabilities' mean squared difference (now
-    ``--class-loss mse``, by name)."""
+    their logs (the logits behind them, up to a constant). Softmaxing the probabilities again (/T) would give
+    near-uniform distributions whose KL is about half the probabilities' mean squared difference: a loss that
+    ``--class-loss mse`` offers by name."""
     from edgekit.verify import output_checks
 
     smoke = output_checks()
@@ -703,7 +703,8 @@ def finetune(
                     s_f, t_f = _capture(net, feats), _capture(teacher, feats)
                     so, to = net(*b), teacher(*b)
                     _uncapture(net), _uncapture(teacher)
-                    total_loss += float(_loss(so, to, kinds, temperature, s_f, t_f, feature_weight, class_loss)) * len(b[0])
+                    loss = _loss(so, to, kinds, temperature, s_f, t_f, feature_weight, class_loss)
+                    total_loss += float(loss) * len(b[0])
                     if ci is not None:
                         s_c, t_c = (o[ci].reshape(-1, o[ci].shape[-1]) for o in (so, to))
                         agree += int((s_c.argmax(1) == t_c.argmax(1)).sum())
