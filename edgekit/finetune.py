@@ -639,22 +639,22 @@ def finetune(
             log(f"pruned {prune:.0%} of the channels: MACs {pruning['macs_before']:,} -> {pruning['macs_after']:,}")
         else:
             gm = _graph_module(m)
-        if _batch_chunk(gm, xs) is not None:  # fixed at batch 1: free its reshapes, if whole batches then match
-            freed = copy.deepcopy(gm)
-            n_free = _free_batch(freed)
-            if n_free and _batch_chunk(freed, xs) is None:
-                gm = freed
-                log(f"the graph was traced at batch 1: {n_free} reshape(s) to it now follow the batch (whole batches "
-                    "checked against one sample at a time)")
-        folded = _fold_batch_norms(gm)
-        n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target], inputs_only=target == "jetson")
-        chunk = _batch_chunk(gm, xs)
+        chunk = _batch_chunk(gm, xs)  # None: the graph takes any batch (folding and fake quant keep that)
         if chunk is not None:
             if m.inputs[0].shape[0] != 1:
                 raise InputSpecError(
                     f"{m.source}: the graph is fixed at batch {m.inputs[0].shape[0]} (a reshape to it); finetune "
                     "runs such a graph one sample at a time: export the model at batch 1 or with a dynamic batch")
-            log("the graph is fixed at batch 1: each batch runs one sample at a time")
+            freed = copy.deepcopy(gm)
+            n_free = _free_batch(freed)
+            if n_free and _batch_chunk(freed, xs) is None:
+                gm, chunk = freed, None
+                log(f"the graph was traced at batch 1: {n_free} reshape(s) to it now follow the batch (whole batches "
+                    "checked against one sample at a time)")
+            else:
+                log("the graph is fixed at batch 1: each batch runs one sample at a time")
+        folded = _fold_batch_norms(gm)
+        n_w, n_a = _insert_fake_quant(gm, SYMMETRIC_ACTS[target], inputs_only=target == "jetson")
         # activation ranges: min/max of the float model over all the data, on every rank alike, then held
         _set_mode(gm, "observe")
         with torch.no_grad():
