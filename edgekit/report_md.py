@@ -221,6 +221,11 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
                   f"{_ci(v.get('converted_accuracy_ci95'))} (drop {drop:.2f} points, "
                   f"tolerance {v['max_accuracy_drop_points']}). The 95% intervals (Wilson) say what "
                   f"{v['eval_samples']} samples can tell."]
+        if v.get("accuracy_drop_ci95"):
+            lo, hi = v["accuracy_drop_ci95"]
+            lines[-1] += (f" On the same samples the drop is {drop:.2f} points, paired 95% CI {lo:.2f} to {hi:.2f}: "
+                          f"{man['precision']} gets {v['accuracy_lost']} wrong that float gets right, and "
+                          f"{v['accuracy_won']} right that float gets wrong.")
     if v["failures"]:
         lines += ["", "### Failures", ""] + [f"- {f}" for f in v["failures"]]
     lines += _mixed_precision(man["artifact"])

@@ -51,6 +51,11 @@ class Verification:
     eval_output: str | None = None  # the output --eval labels were scored on
     float_accuracy_ci95: tuple[float, float] | None = None  # Wilson intervals: what n samples can tell
     converted_accuracy_ci95: tuple[float, float] | None = None
+    # the drop (points) as the two models differ on the same samples: float right and converted wrong ("lost"),
+    # the other way round ("won"), and a paired 95% interval of the drop (accuracy_drop)
+    accuracy_lost: int | None = None
+    accuracy_won: int | None = None
+    accuracy_drop_ci95: tuple[float, float] | None = None
     failures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     # agreement with the float model on the held-out eval samples, per output (reported, not gating): its kind's
@@ -81,6 +86,21 @@ def wilson(share: float, n: int, z: float = 1.96) -> tuple[float, float]:
     centre = (share + z * z / (2 * n)) / (1 + z * z / n)
     half = z * np.sqrt(share * (1 - share) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (float(max(0.0, centre - half)), float(min(1.0, centre + half)))
+
+
+def accuracy_drop(float_right: np.ndarray, converted_right: np.ndarray) -> dict[str, Any]:
+    """The accuracy drop (points) of a converted model against its float model on the same labelled samples,
+    with a paired 95% interval. Only the m samples exactly one of the two gets right move the drop: the converted
+    model loses ``lost`` of them (float right, converted wrong) and wins the rest. Conditional on m, ``lost`` is
+    binomial, so the drop m/n x (2 lost/m - 1) takes the Wilson interval of lost/m. Two separate intervals on the
+    accuracies overlap even where every differing sample went one way; this one does not."""
+    f, q = np.asarray(float_right, bool), np.asarray(converted_right, bool)
+    n, lost, won = len(f), int((f & ~q).sum()), int((~f & q).sum())
+    m = lost + won
+    lo, hi = wilson(lost / m, m) if m else (0.5, 0.5)
+    scale = 100 * m / n if n else 0.0
+    return {"drop": 100 * (lost - won) / n if n else 0.0, "ci95": (scale * (2 * lo - 1), scale * (2 * hi - 1)),
+            "lost": lost, "won": won}
 
 
 def run_all(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
@@ -248,16 +268,18 @@ def verify(
         k = eval_output if eval_output is not None else pick_eval_output(model, kinds, None)
         labels = eval_data.labels[:n]
         v.eval_output = names[k]
-        v.float_accuracy = top1_accuracy(fref[k], labels)
-        v.converted_accuracy = top1_accuracy(fgot[k], labels)
+        f_right, q_right = (np.argmax(o[k].reshape(len(labels), -1), axis=1) == labels for o in (fref, fgot))
+        v.float_accuracy, v.converted_accuracy = float(f_right.mean()), float(q_right.mean())
         v.float_accuracy_ci95 = wilson(v.float_accuracy, n)
         v.converted_accuracy_ci95 = wilson(v.converted_accuracy, n)
+        pair = accuracy_drop(f_right, q_right)
+        v.accuracy_lost, v.accuracy_won, v.accuracy_drop_ci95 = pair["lost"], pair["won"], pair["ci95"]
         v.max_accuracy_drop_points = tol.max_accuracy_drop_points
         drop = 100 * (v.float_accuracy - v.converted_accuracy)
         if not drop <= tol.max_accuracy_drop_points:  # NaN fails too
             v.failures.append(
                 f"accuracy on {eval_data.source} (output {names[k]!r}): {v.converted_accuracy:.2%} converted vs "
-                f"{v.float_accuracy:.2%} float, a drop of {drop:.2f} points (tolerance {tol.max_accuracy_drop_points} "
-                f"at {precision})"
+                f"{v.float_accuracy:.2%} float, a drop of {drop:.2f} points (95% CI {pair['ci95'][0]:.2f} to "
+                f"{pair['ci95'][1]:.2f}; tolerance {tol.max_accuracy_drop_points} at {precision})"
             )
     return v, golden_inputs, ref

@@ -55,6 +55,32 @@ def test_report_shows_intervals_and_how_golden_samples_were_drawn(digits, tmp_pa
     assert "95% CI" in report and "drawn across the file stratified by label, seed 0" in report
     v = res.verification
     assert v.converted_accuracy_ci95[0] <= v.converted_accuracy <= v.converted_accuracy_ci95[1]
+    # the paired counts are the two accuracies' difference, sample by sample
+    assert abs((v.accuracy_won - v.accuracy_lost) / v.eval_samples - (v.converted_accuracy - v.float_accuracy)) < 1e-9
+    drop = 100 * (v.float_accuracy - v.converted_accuracy)
+    assert v.accuracy_drop_ci95[0] - 1e-9 <= drop <= v.accuracy_drop_ci95[1] + 1e-9
+    assert "paired 95% CI" in report and f"{v.accuracy_lost} wrong that float gets right" in report
+
+
+def test_paired_accuracy_drop_counts_the_samples_that_differ():
+    """The drop's interval comes from the samples the two models judge differently: ten lost and none won on
+    1000 is a real drop (its interval excludes 0), ten lost and ten won is none (an interval about 0), and two
+    identical models have no interval width at all."""
+    import numpy as np
+
+    from edgekit.verify import accuracy_drop
+
+    f = np.ones(1000, bool)
+    q = f.copy()
+    q[:10] = False
+    d = accuracy_drop(f, q)
+    assert (d["lost"], d["won"]) == (10, 0) and abs(d["drop"] - 1.0) < 1e-9
+    assert 0.4 < d["ci95"][0] < 0.5 and abs(d["ci95"][1] - 1.0) < 1e-9  # 1% x (2 x Wilson 72.2%-100% of 10/10 - 1)
+    f[990:] = False  # ten samples float gets wrong and the converted model right
+    d = accuracy_drop(f, q)
+    assert (d["lost"], d["won"]) == (10, 10) and d["drop"] == 0.0
+    assert -2.0 < d["ci95"][0] < -0.5 and abs(d["ci95"][0] + d["ci95"][1]) < 1e-9
+    assert accuracy_drop(f, f) == {"drop": 0.0, "ci95": (0.0, 0.0), "lost": 0, "won": 0}
 
 
 def _sorted_eval(tmp_path):

@@ -79,7 +79,8 @@ def convert(
     if v.float_accuracy is not None:
         lo, hi = v.converted_accuracy_ci95 or (0.0, 1.0)
         console.print(f"accuracy ({v.eval_samples} samples): float {v.float_accuracy:.2%} → "
-                      f"{man['precision']} {v.converted_accuracy:.2%} (95% CI {lo:.1%}–{hi:.1%})")
+                      f"{man['precision']} {v.converted_accuracy:.2%} (95% CI {lo:.1%}–{hi:.1%})"
+                      + _paired(v))
     if v.against_original:  # a fine-tuned model: how the build compares with the float model it came from
         console.print(v.against_original["summary"])
     prim = man["artifact"]["primary"]
@@ -90,6 +91,16 @@ def convert(
     for n in res.notes:
         console.print(f"[dim]note: {n}[/]")
     console.print(f"report: {res.out_dir / 'report.md'}   board smoke test: python3 run.py (in the bundle)")
+
+
+def _paired(v) -> str:
+    """", drop 0.22 points (paired 95% CI -0.13 to 0.22: 1 sample lost, 0 won)", or "" where none was measured."""
+    if v.accuracy_drop_ci95 is None:
+        return ""
+    lo, hi = v.accuracy_drop_ci95
+    drop = 100 * (v.float_accuracy - v.converted_accuracy)
+    return (f", drop {drop:.2f} points (paired 95% CI {lo:.2f} to {hi:.2f}: {v.accuracy_lost} sample(s) lost, "
+            f"{v.accuracy_won} won)")
 
 
 @app.command()
