@@ -157,23 +157,25 @@ def main() -> None:
     rows = []
     with tempfile.TemporaryDirectory(prefix="edgekit-bench-heldout-") as tmp:
         work = Path(tmp)
-        spec = A.models(work, ["ppocr-cls"])[0]
+        zoo = spec = A.models(work, ["ppocr-cls"])[0]
         if args.model:  # a .pt2 holds its input shape
-            spec = {**spec, "model": str(args.model.resolve()), "input_shape": None}
+            spec = {**zoo, "model": str(args.model.resolve()), "input_shape": None}
         x = lines(args.n, args.seed)
-        with np.load(spec["calib"]) as z:
-            seen = [np.load(f)["x"] for f in args.seen]
-            keep = unseen(x, z["x"], lines(640, MORE_SEED), *seen)  # the zoo's 160 lines, the c400 file's 640
+        seen = []
+        for f in [spec["calib"], *args.seen]:  # the zoo's 160 lines, and --seen's
+            with np.load(f) as z:
+                seen.append(z["x"])
+        keep = unseen(x, *seen, lines(640, MORE_SEED))  # and the c400 file's 640
         if len(keep) < len(x):
             print(f"{len(x) - len(keep)} of the {len(x)} lines (seed {args.seed}) are also in the zoo's file or the "
-                  f"640 more (seed {MORE_SEED}){', or in --seen' if seen else ''}, or repeated: left out, "
+                  f"640 more (seed {MORE_SEED}){', or in --seen' if args.seen else ''}, or repeated: left out, "
                   f"{len(keep)} measured", flush=True)
             x = x[keep]
         labels = None
         if args.orientation:
             x, labels = turned(x)
         # the reference is the zoo's float ONNX, also for a --model: agreement with the model it came from
-        s = ort.InferenceSession(A.models(work, ["ppocr-cls"])[0]["model"], providers=["CPUExecutionProvider"])
+        s = ort.InferenceSession(zoo["model"], providers=["CPUExecutionProvider"])
         ref = np.concatenate([s.run(None, {s.get_inputs()[0].name: x[i:i + 1]})[0] for i in range(len(x))])
         near = int((np.diff(np.sort(ref, 1)[:, -2:], axis=1)[:, 0] < NEAR_TIE).sum())
         what = f"{len(x) // 2} text lines upright and turned" if args.orientation else f"{len(x)} text lines"
@@ -198,11 +200,12 @@ def main() -> None:
     from edgekit import stages
 
     c400 = len(stages.held_out(800, None, stages.draw(800, 400, None, seed=stages.GOLDEN_SEED)))  # as compress draws
-    print(f"\nppocr-cls: agreement with float on the build's held-out eval lines (its cell: the zoo's 101; c400: "
-          f"{c400} of the 800) and on {len(x)} more (seed {args.seed})\n")
     acc = labels is not None
+    unit = "samples (lines upright and turned)" if acc else "lines"
+    print(f"\nppocr-cls: agreement with float on the build's held-out eval lines (its cell: the zoo's 101; c400: "
+          f"{c400} of the 800) and on {len(x)} more {unit} (seed {args.seed})\n")
     head = " float acc | accuracy | drop, points (paired 95%) |" if acc else ""
-    print(f"| target | build | the build (its eval lines) | {len(x)} lines: agreement (Wilson 95%) | disagreements "
+    print(f"| target | build | the build (its eval lines) | {len(x)} {unit}: agreement (Wilson 95%) | disagreements "
           f"(float near-ties) | output SNR |{head}")
     print("|---|---|---|---|---|---|" + ("---|---|---|" if acc else ""))
     for r in rows:

@@ -128,9 +128,14 @@ def run_pair(reference: Runner, artifact: Runner, feeds: list[dict[str, np.ndarr
     return ref, got, axes
 
 
+def top1_right(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """Per sample, whether its arg-max class is the label (logits: [N, classes] or [N, ...])."""
+    return np.argmax(logits.reshape(len(labels), -1), axis=1) == labels
+
+
 def top1_accuracy(logits: np.ndarray, labels: np.ndarray) -> float:
     """Share of samples whose arg-max class is the label (logits: [N, classes] or [N, ...])."""
-    return float(np.mean(np.argmax(logits.reshape(len(labels), -1), axis=1) == labels))
+    return float(np.mean(top1_right(logits, labels)))
 
 
 def eval_accuracy(runner: Runner, model: Model, ds: Dataset, output: int | None = None) -> float:
@@ -268,7 +273,7 @@ def verify(
         k = eval_output if eval_output is not None else pick_eval_output(model, kinds, None)
         labels = eval_data.labels[:n]
         v.eval_output = names[k]
-        f_right, q_right = (np.argmax(o[k].reshape(len(labels), -1), axis=1) == labels for o in (fref, fgot))
+        f_right, q_right = top1_right(fref[k], labels), top1_right(fgot[k], labels)
         v.float_accuracy, v.converted_accuracy = float(f_right.mean()), float(q_right.mean())
         v.float_accuracy_ci95 = wilson(v.float_accuracy, n)
         v.converted_accuracy_ci95 = wilson(v.converted_accuracy, n)
@@ -279,7 +284,7 @@ def verify(
         if not drop <= tol.max_accuracy_drop_points:  # NaN fails too
             v.failures.append(
                 f"accuracy on {eval_data.source} (output {names[k]!r}): {v.converted_accuracy:.2%} converted vs "
-                f"{v.float_accuracy:.2%} float, a drop of {drop:.2f} points (95% CI {pair['ci95'][0]:.2f} to "
+                f"{v.float_accuracy:.2%} float, a drop of {drop:.2f} points (paired 95% CI {pair['ci95'][0]:.2f} to "
                 f"{pair['ci95'][1]:.2f}; tolerance {tol.max_accuracy_drop_points} at {precision})"
             )
     return v, golden_inputs, ref

@@ -94,7 +94,7 @@ def convert(
 
 
 def _paired(v) -> str:
-    """", drop 0.22 points (paired 95% CI -0.13 to 0.22: 1 sample lost, 0 won)", or "" where none was measured."""
+    """", drop 0.22 points (paired 95% CI -0.13 to 0.22: 1 sample(s) lost, 0 won)", or "" without labels."""
     if v.accuracy_drop_ci95 is None:
         return ""
     lo, hi = v.accuracy_drop_ci95
