@@ -1,0 +1,308 @@
+"""The pipeline's mixed-precision fallback: an INT8 build that failed verification is searched for the layers that
+cause it (:mod:`edgekit.mixed.search`), rebuilt with the fewest kept at higher precision and verified again."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from edgekit.errors import ConversionError, UnsupportedOpError
+from edgekit.mixed.search import (
+    A16_SEARCH_BUDGET_S,
+    A16_SEARCH_MAX_VERIFY_S,
+    MAX_KEPT_SHARE,
+    MIN_GAIN_DB,
+    PLOT,
+    PLOT16,
+    keep_fewest,
+    plot,
+    summary,
+)
+
+
+def _first(failures: list[str]) -> str:
+    """The first verification failure, and how many more."""
+    return failures[0] + (f" and {len(failures) - 1} more" if len(failures) > 1 else "")
+
+
+def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+             reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+             extra_steps: int = 4) -> tuple[Any, Any]:
+    """An INT8 build failed verification (``checked``): where the converter offers a group of layers to keep first
+    (``conv.float_group``: android's LSTMs written out in int8), the build again with that group at higher
+    precision, re-verified; where it (or there is no group) still fails, the layer search on that build; where
+    that still fails and the converter offers 16-bit activations (``conv.activations16``: android's 16x8), the
+    build again with every activation int16, re-verified, and where that fails, the same layer search on the 16x8
+    build (``conv.a16_search``). Returns the new (artifact, checked); the artifact's meta gets ``mixed_precision``
+    (with ``group``: the first step, ``activations16``: the last) and its notes one line per kept layer."""
+    artifact, checked = _fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+    if checked.verification.passed or not hasattr(conv, "activations16"):
+        return artifact, checked
+    return _activations16(job, conv, artifact, checked, kinds, tol, reverify, log, warn)
+
+
+class _A16Layers:
+    """A converter's 16x8 layer search in the shape ``_layer_fallback`` takes: its search and its rebuild with the
+    kept ops float are the 16x8 ones."""
+
+    def __init__(self, conv: Any) -> None:
+        self.mixed_search = conv.a16_search
+        self.keep_layers = conv.a16_keep
+
+
+def _a16_layer_search(job: Any, conv: Any, wide: Any, again: Any, kinds: dict[str, str], tol: Any,
+                      reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
+                      ) -> tuple[Any, Any, dict[str, Any]]:
+    """The 16x8 build failed verification too: the ops whose rounding causes it kept float in it (the same
+    keep-fewest search as INT8's). Returns the (artifact, checked) it ends with and its record."""
+    log(f"16x8 fails verification too ({_first(again.verification.failures)}): searching its ops to keep float")
+    try:
+        art, chk = _layer_fallback(job, _A16Layers(conv), wide, again, kinds, tol, reverify, log, warn, 4,
+                                   label="the 16x8 build", plot_name=PLOT16, budget_s=A16_SEARCH_BUDGET_S)
+    except (ConversionError, UnsupportedOpError) as exc:  # a search build ai-edge-quantizer could not write
+        why = str(exc).split(": ", 1)[-1][:300]
+        return wide, again, {"searched": False, "reason": why, "passed_after": False}
+    return art, chk, art.meta.pop("mixed_precision", {})
+
+
+def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+                   reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
+                   ) -> tuple[Any, Any]:
+    """The last step: every activation int16, weights int8 (TFLite's 16x8), and where that fails, its layer
+    search. It replaces the failed build only where it passes verification; either way the record says what it
+    measured, with both builds' host latency (16x8 runs on LiteRT's reference kernels: the cost the user pays
+    for it)."""
+    record = artifact.meta.setdefault("mixed_precision", {})
+    before = list(checked.verification.failures)
+    record.setdefault("int8_verification_failures", before)
+    warn(f"INT8 still fails verification ({_first(before)}): building it again with 16-bit activations everywhere "
+         "(int8 weights, TFLite's 16x8 mode; --strict fails instead)")
+    t0 = time.perf_counter()
+    primary = job.out_dir / artifact.primary
+    kept_bytes = primary.read_bytes()  # the 16x8 build writes the same file: the int8 one comes back if it fails
+    try:
+        wide = conv.activations16(job, artifact)
+    except (ConversionError, UnsupportedOpError) as exc:
+        primary.write_bytes(kept_bytes)
+        why = str(exc).split(": ", 1)[-1][:300]
+        record["activations16"] = {"built": False, "reason": why, "passed": False}
+        checked.verification.notes.append(f"mixed precision: the 16-bit-activation build failed ({why})")
+        return artifact, checked
+    if wide is None:  # the user chose --option activations
+        return artifact, checked
+    t_verify = time.perf_counter()
+    again = reverify(wide)
+    t_verify = time.perf_counter() - t_verify
+    searched = None
+    if not again.verification.passed and hasattr(conv, "a16_search"):
+        if t_verify <= A16_SEARCH_MAX_VERIFY_S:
+            wide, again, searched = _a16_layer_search(job, conv, wide, again, kinds, tol, reverify, log, warn)
+        else:
+            searched = {"searched": False, "passed_after": False,
+                        "reason": f"one verification of the 16x8 build took {t_verify:.0f} s on this host (LiteRT's "
+                        f"reference int16 kernels), over {A16_SEARCH_MAX_VERIFY_S:.0f} s, and the search re-verifies "
+                        "up to 5 builds; keep ops float by hand with --option activations=int16 --option "
+                        "keep_float_tensors=<output tensor names>"}
+            log(f"16x8 layer search not run: {searched['reason']}")
+    v = again.verification
+    lat8 = (artifact.meta.get("host_latency_ms") or {}).get("1")
+    lat16 = (wide.meta.get("host_latency_ms") or {}).get("1")
+    agree = {n: a.get("top1_agreement") for n, a in v.eval_agreement.items() if a.get("top1_agreement") is not None}
+    step = {"built": True, "passed": v.passed, "seconds": round(time.perf_counter() - t0, 1),
+            "failures": list(v.failures), "eval_top1_agreement": agree or None,
+            "host_latency_ms_1_thread": {"int8": lat8, "int16_activations": lat16}}
+    if searched is not None:
+        step["layer_search"] = searched
+        artifact.files += [f for f in wide.files if f == PLOT16 and f not in artifact.files]  # the record names it
+    slower = (f"; host latency {lat16:.2f} ms against {lat8:.2f} ms for the int8 build (1 thread)" if lat8 and lat16
+              else "")
+    if not v.passed:
+        primary.write_bytes(kept_bytes)
+        record["activations16"] = step
+        msg = ("mixed precision: 16-bit activations everywhere were tried and fail verification too "
+               f"({_first(v.failures)}){slower}")
+        if (searched or {}).get("kept"):  # what the user may still choose, knowing it failed these checks
+            msg += (f"; its layer search kept {len(searched['kept'])} op(s) float (eval agreement with float: "
+                    + (", ".join(f"{a:.2%}" for a in agree.values()) or "not measured") + "): to build that "
+                    "anyway, --option activations=int16 --option keep_float_tensors=<the names in "
+                    "artifact.mixed_precision.activations16.layer_search.kept, comma-separated>")
+        log(msg)
+        checked.verification.notes.append(msg)
+        return artifact, checked
+    wide.meta["mixed_precision"] = {**record, "activations16": step}  # passed_after: the int8 builds' verdict
+    wide.files += [f for f in artifact.files if f not in wide.files]  # the search's sensitivity plot
+    kept16 = len((searched or {}).get("kept") or [])
+    wide.notes.insert(0, "mixed precision: INT8 activations could not hold this model"
+                      + (f" ({len(record['kept'])} layer(s) kept float did not)" if record.get("kept") else "")
+                      + "; built again with 16-bit activations everywhere (int8 weights, TFLite 16x8)"
+                      + (f", {kept16} op(s) of it kept float" if kept16 else "") + ": re-verification passed"
+                      + slower)
+    return wide, again
+
+
+def _fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+              reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+              extra_steps: int = 4) -> tuple[Any, Any]:
+    group = conv.float_group(job, artifact) if hasattr(conv, "float_group") else None
+    if group is None:
+        return _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+    options, what = group
+    before = list(checked.verification.failures)
+    warn(f"INT8 failed verification ({_first(before)}): building it again with {what} first (--strict fails "
+         "instead)")
+    job.options = {**job.options, **options}  # the layer search below and its rebuilds keep the group too
+    t0 = time.perf_counter()
+    artifact = conv.convert(job)
+    checked = reverify(artifact)
+    v = checked.verification
+    step = {"kept": what, "options": options, "seconds": round(time.perf_counter() - t0, 1), "passed": v.passed,
+            "failures": list(v.failures)}
+    if v.passed:
+        artifact.meta["mixed_precision"] = {"group": step, "kept": [], "int8_verification_failures": before,
+                                            "passed_after": True}
+        artifact.notes.insert(0, f"mixed precision: plain INT8 failed verification; built again with {what}: "
+                                 "re-verification passed")
+        return artifact, checked
+    log(f"with {what}: verification still fails ({v.failures[0]}); searching its layers")
+    artifact, checked = _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+    artifact.meta["mixed_precision"].update(group=step, int8_verification_failures=before)
+    artifact.notes.insert(0, f"mixed precision: {what} first (verification still failed: {v.failures[0]})")
+    return artifact, checked
+
+
+def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+                    reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+                    extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT, budget_s: float = 300.0
+                    ) -> tuple[Any, Any]:
+    """The layer search: search, rebuild with the kept layers (``conv.keep_layers``), re-verify with
+    ``reverify(artifact)``. ``label``: the build searched, as the messages name it."""
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    before = list(checked.verification.failures)
+    why = conv.mixed_unavailable(job) if hasattr(conv, "mixed_unavailable") else None
+    if why:  # this build's path has no per-layer control: say so, the build stays failed
+        msg = f"mixed precision not searched: {why}"
+        warn(msg)
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {"searched": False, "reason": why, "int8_verification_failures": before,
+                                            "passed_after": False}
+        return artifact, checked
+    warn(f"{label[0].upper() + label[1:]} failed verification ({_first(before)}): searching for the layers that cause "
+         "it (--strict fails instead)")
+    search = conv.mixed_search(job, artifact)
+    names = [s.name for s in job.model.outputs]
+    tol_d = tol.model_dump()
+
+    def passes(got: list[np.ndarray]) -> bool:
+        return all(smoke.check_output(n, kinds[n], r, g, tol_d, "int8")["passed"]
+                   for n, r, g in zip(names, search.reference, got, strict=True))
+
+    outcome = keep_fewest(search, passes, log=log, budget_s=budget_s)
+    if outcome.spread:
+        msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (kept at higher "
+               f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the "
+               "calibration samples): the error is spread over the model; choose --precision fp16 (or fp32), or "
+               "fine-tune with `edgekit finetune`")
+        warn(msg)
+        checked.verification.failures.insert(0, msg)  # the verdict first: the zoo table shows 400 characters
+        artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
+                                            "search_samples": int(len(search.reference[0])),
+                                            "layers": len(search.layers), "passed_after": False}
+        return artifact, checked
+    if not outcome.kept:
+        if outcome.shown:  # a single search build outlasted the time budget
+            msg = (f"mixed precision: the search's time budget ended before it kept a layer ({len(outcome.scanned)} "
+                   f"measured in {outcome.seconds:.0f} s); no layer kept, {label} stands")
+        else:  # the search samples pass all-INT8 and no layer gains output SNR on them
+            msg = ("mixed precision: all-INT8 passes the checks on the calibration samples, so they cannot show which "
+                   f"layers fail on the golden ones, and none of the {len(outcome.scanned)} layers measured there "
+                   f"gains {MIN_GAIN_DB} dB of output SNR kept alone; no layer kept (calibrate on inputs like those "
+                   "that fail)")
+        warn(msg)
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
+                                            "search_samples": int(len(search.reference[0])), "passed_after": False}
+        return artifact, checked
+    ranked = [lay for lay in sorted(search.layers, key=lambda x: x.local_sqnr_db) if lay not in outcome.kept]
+    extra = ranked if outcome.in_rank_order else sorted(
+        ranked, key=lambda x: -(x.gain_db if x.gain_db is not None and np.isfinite(x.gain_db) else -1e9))
+    t0 = time.perf_counter()
+    more = extra_steps if outcome.passed_search else 0  # more layers only where the search samples passed
+    built = None  # the last (artifact, checked) this loop built
+    unbuildable: list[str] = []
+    while True:
+        try:
+            names = [k.name for k in outcome.kept]
+            method = None
+            if search.calibration_for is not None:
+                if search.calibration_for(names) is None:  # a set added after the search: its observer measured
+                    search.outputs(names)
+                method = search.calibration_for(names)
+            rebuilt = (conv.keep_layers(job, artifact, names, calibration=method) if method
+                       else conv.keep_layers(job, artifact, names))
+        except (ConversionError, UnsupportedOpError) as exc:
+            # the search measures kept layers in torch; the target's converter may not lower one kept float
+            # (litert-torch: ppocr-cls' SE multiply kept float broke a broadcast): drop it and go on
+            lay = outcome.kept.pop()  # the layer added last (the search's own set: its last one)
+            why = str(exc).split(": ", 1)[-1][:240]  # without the model's path
+            unbuildable.append(f"{lay.name} ({why})")
+            warn(f"mixed precision: {lay.name} kept float does not convert ({why}); not kept")
+            if built is None and outcome.kept:  # nothing built yet: the search's set without that layer
+                continue
+            if not outcome.kept or not extra or more == 0:  # else the set before it was built and verified
+                break
+            more -= 1
+            outcome.kept.append(extra.pop(0))
+            continue
+        built = (rebuilt, reverify(rebuilt))
+        if built[1].verification.passed or not extra or more == 0:
+            break
+        more -= 1
+        outcome.kept.append(extra.pop(0))  # the search samples passed, the golden ones do not: one more layer
+        log(f"re-verification failed with {len(outcome.kept) - 1} kept; adding {outcome.kept[-1].name}")
+    if built is None:  # no kept set converted: the build searched stands, failed, and says why
+        msg = ("mixed precision: no set of kept layers converts on this path (" + "; ".join(unbuildable)[:400]
+               + f"); {label} stays failed")
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
+                                            "search_samples": int(len(search.reference[0])),
+                                            "layers": len(search.layers), "unbuildable": unbuildable,
+                                            "passed_after": False}
+        return artifact, checked
+    artifact, checked = built
+    outcome.seconds += time.perf_counter() - t0
+    v = checked.verification
+    share = len(outcome.kept) / max(1, len(search.layers))
+    if share > MAX_KEPT_SHARE:  # silero-vad: all 18 convolutions kept, not one Q/DQ left
+        # first where the build fails anyway (jetson silero-vad: 17 of 18 kept and a state still off by 15.7%):
+        # what the user should do next is this, not the last tolerance it misses
+        v.failures.insert(0, (
+            f"INT8 cannot hold this model on these inputs: mixed precision had to keep {len(outcome.kept)} of "
+            f"{len(search.layers)} quantized layers at higher precision (more than {MAX_KEPT_SHARE:.0%}), so the "
+            "build is not an INT8 build; choose --precision fp16 (or fp32), or fine-tune with `edgekit finetune`"))
+    record = outcome.to_json()
+    record.update(int8_verification_failures=before, search_samples=int(len(search.reference[0])),
+                  layers=len(search.layers), kept_share=round(share, 3), passed_after=v.passed)
+    if unbuildable:
+        record["unbuildable"] = unbuildable
+        v.notes.append("mixed precision: kept float, these layers do not convert on this path and were left out: "
+                       + "; ".join(unbuildable)[:400])
+    if plot(outcome, job.out_dir / plot_name, f"{job.model.source}: per-layer sensitivity of {label}"):
+        artifact.files.append(plot_name)
+        record["plot"] = plot_name
+    artifact.meta["mixed_precision"] = record
+    head = (f"mixed precision: {label} failed verification; {len(outcome.kept)} layer(s) kept at higher precision "
+            f"({outcome.builds} search builds, {outcome.seconds:.1f} s"
+            + ("" if outcome.shown else "; all-INT8 passes on the calibration samples: kept by the output SNR gained "
+               "there, checked on the golden samples") + "); re-verification "
+            + ("passed" if v.passed else "still FAILS"))
+    artifact.notes[:0] = [head, *summary(outcome)]
+    if not v.passed:
+        v.notes.append(f"mixed precision kept {len(outcome.kept)} layer(s) and the build still fails verification")
+    return artifact, checked
+
+
