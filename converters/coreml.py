@@ -629,7 +629,7 @@ def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarr
     tight["max_rel_error"] *= FP16_MARGIN
     if tight.get("min_snr_db") is not None:
         tight["min_snr_db"] += 6
-    kinds = job.options.get("output_kinds") or {}
+    kinds = job.output_kinds
     failures = {}
     bs = _batch(job)
     refs, axes = smoke.merge_batches(ref, bs)

@@ -74,7 +74,7 @@ class Hls4mlConverter:
 
         # the analyze stage's export (same opset) when there is one; export only for a direct caller
         raw = job.float_onnx or export_onnx(job.model, job.work_dir / "exported.onnx",
-                                            job.options.get("opset") or job.target.opset or 18)
+                                            job.opset or job.target.opset or 18)
         clean = job.work_dir / "float.onnx"
         slim(raw, clean)
         layers = fq.read_chain(clean)

@@ -33,6 +33,8 @@ class ConvertJob:
     step: Callable[[str, str], None] = lambda name, msg: None  # progress of a long sub-step: "start", "3/16", "1.2 s"
     # what a converter made once and reuses in this job's rebuilds (mixed precision), e.g. 16x8's calibration ranges
     cache: dict[str, Any] = field(default_factory=dict)
+    opset: int | None = None  # --opset; None: the target's
+    output_kinds: dict[str, str] = field(default_factory=dict)  # output name -> kind (class, regression, ...)
 
     @contextmanager
     def substep(self, name: str) -> Iterator[None]:

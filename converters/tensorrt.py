@@ -45,7 +45,7 @@ class TensorRTConverter:
 
     def convert(self, job: ConvertJob) -> Artifact:
         onnx = require("onnx", "jetson")
-        opset = job.options.get("opset") or job.target.opset or 18
+        opset = job.opset or job.target.opset or 18
         if job.float_onnx is not None:
             raw = job.float_onnx  # exported once by the analyze stage, at this opset
         else:

@@ -197,7 +197,7 @@ def convert(
         with atomic_dir(Path(out)) as out_tmp:
             job = ConvertJob(
                 model=m, target=tgt, board=brd, precision=planned.precision, calib=comp.calib,
-                out_dir=out_tmp, work_dir=work, options={"opset": opset, "output_kinds": comp.kinds, **(options or {})}, log=log, warn=_warn,
+                out_dir=out_tmp, work_dir=work, options=dict(options or {}), log=log, warn=_warn, opset=opset, output_kinds=comp.kinds,
                 float_onnx=an.float_graph if m.is_torch else None,
                 float_tflite=an.float_graph if m.is_tf else None,
                 step=lambda name, msg: on_stage(f"convert/{name}", msg),

@@ -56,7 +56,7 @@ class _Builder:
         m = self.a.model
         job = ConvertJob(model=m, target=self.target, board=self.board, precision=precision,
                          calib=self.calib_ds, out_dir=out, work_dir=work,
-                         options={"opset": None, "keep_float_nodes": list(float_layers),
+                         options={"keep_float_nodes": list(float_layers),
                                   **({"calibration": self.calibration} if self.calibration else {})},
                          log=lambda msg: None, warn=lambda msg: None,
                          float_onnx=self.a.float_graph if m.is_torch else None)
