@@ -34,7 +34,8 @@ from edgekit.converters import Artifact, ConvertJob, Runner, converter_info, fla
 from edgekit.data import Dataset, draw, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
 from edgekit.fsutil import data_dir, sha256_file
-from edgekit.ingest import KERAS_SUFFIXES, Model, check_target_takes, for_converter, load_model, source_kind
+from edgekit.ingest import Model, check_target_takes, for_converter, load_model, source_kind
+from edgekit.lineage import against_original, finetuned, original_reference  # noqa: F401 - the pipeline's stages
 from edgekit.manifest import SCHEMA_VERSION, Manifest
 from edgekit.planner import Budgets, Plan, plan_section
 from edgekit.profiles import Board, Target, Tolerance
@@ -134,21 +135,6 @@ def _source_kind(m: Model) -> str:
     if (m.bridge or "").startswith("tf2onnx"):
         return source_kind(m.source) or "keras"
     return "onnx" if m.onnx_prep is not None else m.kind
-
-
-def _finetuned(m: Model) -> dict[str, Any]:
-    """A .pt2 that `edgekit finetune` wrote carries its origin and recipe: the manifest shows them."""
-    if m.kind != "exported_program":
-        return {}
-    from edgekit.finetune import read_record
-
-    rec = read_record(m.source)
-    origin = rec.get("finetuned_from") if isinstance(rec, dict) else None
-    if not isinstance(origin, dict):
-        return {}
-    # the record comes from the file: its fields are written as text, whatever their type there
-    return {"finetuned_from": {**{k: str(v) for k, v in origin.items()},
-                               "recipe": rec["recipe"] if isinstance(rec.get("recipe"), dict) else {}}}
 
 
 def check_calibration(precision: str, given: bool) -> None:
@@ -329,109 +315,6 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
     return Checked(v, gin, ref)
 
 
-def original_reference(m: Model) -> tuple[tuple[Callable, str] | None, str]:
-    """For a ``.pt2`` that `edgekit finetune` wrote: the float model it came from (found and checked as
-    :func:`_original` does) as a runner taking this model's feeds (inputs by position: names may differ), and its
-    source; (None, why) where there is none to use."""
-    from edgekit.finetune import read_record
-
-    rec = read_record(m.source) if m.kind == "exported_program" else None
-    if not isinstance(rec, dict) or not isinstance(rec.get("finetuned_from"), dict):
-        return None, "not a model edgekit finetune wrote"
-    orig, why = _original(rec["finetuned_from"], m)
-    if orig is None:
-        return None, why
-    if len(orig.inputs) != len(m.inputs) or len(orig.outputs) != len(m.outputs):
-        return None, (f"{orig.source} has {len(orig.inputs)} input(s) and {len(orig.outputs)} output(s), this model "
-                      f"{len(m.inputs)} and {len(m.outputs)}")
-    run_orig, names = orig.reference(), [s.name for s in orig.inputs]
-
-    def reference(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-        return run_orig({n: feeds[s.name] for n, s in zip(names, m.inputs, strict=True)})
-
-    return (reference, orig.source), ""
-
-
-# the files a record may name as the original: formats edgekit reads without running code from them (a Keras file
-# in Keras' safe mode: no Lambda bytecode), never a pickle or a factory
-ORIGINAL_SUFFIXES = (".pt2", ".onnx", *KERAS_SUFFIXES)
-_ORIGINAL_METRICS = ("top1_agreement", "disagreements", "snr_db", "cosine", "iou", "text_agreement", "cer",
-                     "max_rel_error")
-
-
-def against_original(m: Model, make_runner: Callable[[], Runner], comp: Compression, tol: Tolerance, precision: str,
-                     v: Verification, original: tuple[Callable, str] | None = None) -> None:
-    """A ``.pt2`` that `edgekit finetune` wrote is verified against its own fine-tuned float weights; the model the
-    user means to ship is the float model it came from. So the final build (once, after any mixed-precision
-    rebuilds) is measured against that one too, on the eval (else golden) samples, reported in
-    ``v.against_original`` and a note, not gating. The record's sample fingerprints tell which of those samples the
-    fine-tuning trained on (then the agreement is not held out). Only a model file (:data:`ORIGINAL_SUFFIXES`) at
-    the recorded path with the recorded sha256 is read: a record in a file names no code to run. ``original``: that
-    model as :func:`original_reference` gives it, where the caller has it already (the gate's reference)."""
-    from edgekit.finetune import read_record, sample_digests
-    from edgekit.verify import output_checks, run_pair
-
-    if m.kind != "exported_program" or not v.outputs:  # not fine-tuned, or the artifact did not run
-        return
-    rec = read_record(m.source)
-    if not isinstance(rec, dict) or not isinstance(rec.get("finetuned_from"), dict):
-        return
-    data, what = (comp.eval, "eval") if comp.eval is not None else (comp.golden, "golden")
-    samples = rec.get("data_samples")
-    seen = {d for d in samples if isinstance(d, str)} if isinstance(samples, list) else set()
-    trained_on = sum(d in seen for d in sample_digests(data, m)) if seen else 0
-    if trained_on:
-        v.notes.append(f"{trained_on} of the {len(data)} {what} samples were among the samples edgekit finetune "
-                       "trained on: agreement on them is not held out; give --eval samples it did not see")
-    found, why = (original, "") if original else original_reference(m)
-    if found is None:
-        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {why}")
-        return
-    reference, source = found
-    try:
-        ref, got, _ = run_pair(reference, make_runner(), list(data.batches(m)))
-    except Exception as exc:  # noqa: BLE001 - the original's runtime raises its own types
-        v.notes.append(f"agreement with the float model it was fine-tuned from not measured: {source} does "
-                       f"not run on these inputs ({type(exc).__name__}: {str(exc)[:160]})")
-        return
-    smoke, tol_d, outputs = output_checks(), tol.model_dump(), {}
-    for spec, r, g in zip(m.outputs, ref, got, strict=True):
-        c = smoke.check_output(spec.name, comp.kinds[spec.name], r, g, tol_d, precision)
-        outputs[spec.name] = {k: float(c[k]) for k in _ORIGINAL_METRICS if c.get(k) is not None and np.isfinite(c[k])}
-    n = len(ref[0])
-    said = []
-    for name, o in outputs.items():
-        if "top1_agreement" in o:
-            said.append(f"output {name!r}: top-1 agrees on {o['top1_agreement']:.1%}")
-        elif "snr_db" in o:
-            said.append(f"output {name!r}: SNR {o['snr_db']:.1f} dB")
-    summary = (f"against the float model it was fine-tuned from ({source}), on {n} {what} samples: "
-               + ("; ".join(said) or "no decision or SNR to compare")
-               + (f" ({trained_on} of them seen in fine-tuning)" if trained_on else ""))
-    v.notes.append(summary)
-    v.against_original = {"model": source, "sha256": str(rec["finetuned_from"]["sha256"]), "samples": n, "from": what,
-                          "trained_on": trained_on, "outputs": outputs, "summary": summary}
-
-
-def _original(origin: dict[str, Any], m: Model) -> tuple[Model | None, str]:
-    """The float model a fine-tuned ``.pt2`` came from, found at its recorded path (absolute, else as written) and
-    checked by sha256; (None, why) where it is not there, not a model file, or changed."""
-    sha = str(origin.get("sha256") or "")
-    paths = [Path(str(p)) for p in (origin.get("abspath"), origin.get("path")) if p]
-    found = next((p for p in paths if p.suffix in ORIGINAL_SUFFIXES and p.is_file()), None)
-    if found is None:
-        return None, (f"{origin.get('path')} is not there (or not a {' / '.join(ORIGINAL_SUFFIXES)} file); keep it "
-                      "where it was, or convert the float model for the comparison")
-    now = sha256_file(found)
-    if now != sha:
-        return None, f"{found} changed since fine-tuning (sha256 {now[:12]}…, recorded {sha[:12]}…)"
-    shapes = None if found.suffix == ".pt2" else [",".join(map(str, s.shape)) for s in m.inputs]
-    try:
-        return load_model(found, shapes), ""
-    except Exception as exc:  # noqa: BLE001 - a model that no longer loads is reported, not raised
-        return None, f"{found} does not load ({type(exc).__name__}: {str(exc)[:160]})"
-
-
 def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,
           calib_ds: Dataset | None, stats: ModelStats, versions: dict[str, Any], warnings: list[str],
           times: dict[str, float], plan: dict[str, Any] | None = None,
@@ -482,7 +365,7 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
                   "profile": brd.model_dump(mode="json")},
         "source_model": {"path": m.source, "kind": _source_kind(m), "sha256": m.sha256,
                          **({"prepared": m.onnx_prep.steps, "consts": m.onnx_prep.consts or None, "bridge": m.bridge}
-                            if m.onnx_prep is not None else {}), **_finetuned(m)},
+                            if m.onnx_prep is not None else {}), **finetuned(m)},
         "inputs": [s.to_json() for s in m.inputs],
         "outputs": [s.to_json() for s in m.outputs],
         "calibration": None if calib_ds is None else {
