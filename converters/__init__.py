@@ -49,18 +49,20 @@ class ConverterInfo:
 
 
 CONVERTERS: dict[str, ConverterInfo] = {
-    "tensorrt": ConverterInfo("edgekit.converters.tensorrt", (*TORCH_INPUTS, "onnx"), ("fp32", "fp16", "int8"),
-                              "jetson", "edgekit.converters.options:TensorRTOptions"),
+    "tensorrt": ConverterInfo("edgekit.converters.tensorrt.converter", (*TORCH_INPUTS, "onnx"),
+                              ("fp32", "fp16", "int8"), "jetson",
+                              "edgekit.converters.tensorrt.options:TensorRTOptions"),
     "tflite": ConverterInfo("edgekit.converters.tflite", (*TORCH_INPUTS, "keras", "saved_model"),
                             ("fp32", "fp16", "int8-dynamic", "int8"), "android",
                             "edgekit.converters.options:TFLiteOptions", float_fallback=True,
                             inputs_hint="export the torch model with torch.export.save"),
-    "coreml": ConverterInfo("edgekit.converters.coreml", TORCH_INPUTS,
+    "coreml": ConverterInfo("edgekit.converters.coreml.converter", TORCH_INPUTS,
                             ("fp32", "fp16", "int8-weight", "int6-weight", "int4-weight", "prune-50", "int8"), "ios",
-                            "edgekit.converters.options:CoreMLOptions", inputs_hint="give the .pt2 / TorchScript / "
-                            "pkg.module:factory the model came from (coremltools dropped its ONNX frontend)"),
-    "hls4ml": ConverterInfo("edgekit.converters.hls4ml", (*TORCH_INPUTS, "onnx"), ("int8", "int4"), "fpga",
-                            "edgekit.converters.options:Hls4mlOptions"),
+                            "edgekit.converters.coreml.options:CoreMLOptions", inputs_hint="give the .pt2 / "
+                            "TorchScript / pkg.module:factory the model came from (coremltools dropped its ONNX "
+                            "frontend)"),
+    "hls4ml": ConverterInfo("edgekit.converters.fpga.converter", (*TORCH_INPUTS, "onnx"), ("int8", "int4"), "fpga",
+                            "edgekit.converters.fpga.options:Hls4mlOptions"),
 }
 # name -> module path (lazily imported)
 REGISTRY: dict[str, str] = {name: info.module for name, info in CONVERTERS.items()}

@@ -107,7 +107,7 @@ def test_weight_bytes_match_requested_compression(builds, precision):
 
 
 def test_palettized_weights_have_at_most_2_pow_bits_values(builds):
-    from edgekit.converters.coreml_mil import load_program
+    from edgekit.converters.coreml.mil import load_program
 
     for precision, bits in (("int4-weight", 4), ("int6-weight", 6)):
         prog = load_program(_pkg(builds[precision]), decompress=True)
@@ -123,7 +123,7 @@ def test_palettized_weights_have_at_most_2_pow_bits_values(builds):
 
 
 def test_pruned_weights_are_half_zero(builds):
-    from edgekit.converters.coreml_mil import load_program
+    from edgekit.converters.coreml.mil import load_program
 
     prog = load_program(_pkg(builds["prune-50"]), decompress=True)
     for op in prog.functions["main"].operations:
@@ -140,7 +140,8 @@ def test_numeric_error_grows_with_compression(builds):
 
 def test_interpreter_reads_weights_from_the_package(builds, tmp_path):
     """Damage the weight file: the host runner's outputs change (it does not fall back to torch)."""
-    from edgekit.converters.coreml_mil import MILInterpreter, load_program
+    from edgekit.converters.coreml.interpreter import MILInterpreter
+    from edgekit.converters.coreml.mil import load_program
 
     pkg = tmp_path / "model.mlpackage"
     shutil.copytree(_pkg(builds["fp16"]), pkg)
@@ -200,7 +201,8 @@ def test_w8a8_on_linux_is_calibrated_in_torch_and_verified(digits, tmp_path):
     build keeps the float model's accuracy on held-out digits."""
     import coremltools as ct
 
-    from edgekit.converters.coreml_mil import MILInterpreter, load_program, op_counts
+    from edgekit.converters.coreml.interpreter import MILInterpreter
+    from edgekit.converters.coreml.mil import load_program, op_counts
 
     res = convert(digits["model"], target="ios", out=tmp_path / "o", precision="int8", calib=str(digits["calib"]),
                   eval_data=str(digits["eval"]))
@@ -215,7 +217,7 @@ def test_w8a8_on_linux_is_calibrated_in_torch_and_verified(digits, tmp_path):
     v = res.verification
     assert v.passed and v.float_accuracy - v.converted_accuracy <= 0.01, (v.float_accuracy, v.converted_accuracy)
     # the interpreter really quantizes: with quantize / dequantize passing values through, the outputs move
-    from edgekit.converters import coreml_mil
+    from edgekit.converters.coreml import interpreter as coreml_mil
 
     x = {"image": np.load(digits["eval"])["image"][:8].astype(np.float32)}
     interp = MILInterpreter(load_program(_pkg(res), decompress=True))
@@ -266,7 +268,7 @@ class _Unconvertible:
 def test_unconvertible_op_names_op_node_and_source_line(tmp_path):
     import torch
 
-    from edgekit.converters.coreml import CONVERTER
+    from edgekit.converters.coreml.converter import CONVERTER
     from edgekit.ingest import Model, TensorSpec
 
     mod = _Unconvertible.module().eval()
@@ -284,7 +286,7 @@ def test_unconvertible_op_names_op_node_and_source_line(tmp_path):
 def test_gather_is_flagged_for_the_neural_engine(tmp_path):
     import torch
 
-    from edgekit.converters.coreml import CONVERTER
+    from edgekit.converters.coreml.converter import CONVERTER
     from edgekit.ingest import Model, TensorSpec
 
     class Pick(torch.nn.Module):
@@ -300,7 +302,7 @@ def test_gather_is_flagged_for_the_neural_engine(tmp_path):
 
 
 def test_onnx_input_is_refused(tmp_path, digits):
-    from edgekit.converters.coreml import CONVERTER
+    from edgekit.converters.coreml.converter import CONVERTER
     from edgekit.ingest import Model, TensorSpec
 
     model = Model("m.onnx", "onnx", "0" * 64, [TensorSpec("image", (1, 1, 8, 8))], [TensorSpec("output", (1, 10))],

@@ -30,7 +30,7 @@ def model(tmp_path_factory):
 @pytest.mark.parametrize("precision", list(EXPECT))
 def test_mobilenetv2_shaped(model, precision, tmp_path):
     from edgekit.converters import ConvertJob
-    from edgekit.converters.coreml import CONVERTER
+    from edgekit.converters.coreml.converter import CONVERTER
     from edgekit.profiles import load_board, load_target
 
     (tmp_path / "out").mkdir()

@@ -39,7 +39,8 @@ class MILRuntime:
     """Not a fake: the package's own MIL program run in torch, standing in for Core ML off macOS."""
 
     def __init__(self, bundle, manifest, compute_units):
-        from edgekit.converters.coreml_mil import MILInterpreter, load_program
+        from edgekit.converters.coreml.interpreter import MILInterpreter
+        from edgekit.converters.coreml.mil import load_program
 
         self.interp = MILInterpreter(load_program(Path(bundle) / manifest["artifact"]["primary"], decompress=True))
         self.name = "edgekit MIL interpreter (torch) on %s" % compute_units

@@ -345,7 +345,8 @@ def test_a_layer_whose_int8_weights_lose_its_output_is_ranked_first():
     from torch import nn
     from torchao.quantization.pt2e import quantize_pt2e
 
-    from edgekit.converters.coreml import _w8a8_layers, _w8a8_quantizer
+    from edgekit.converters.coreml.search import w8a8_layers as _w8a8_layers
+    from edgekit.converters.coreml.w8a8 import w8a8_quantizer as _w8a8_quantizer
     from edgekit.converters.tflite import _local_sqnr, _quantizer
     from edgekit.ingest import TensorSpec
 
@@ -461,7 +462,8 @@ def test_ios_search_keeps_a_layer_without_calibrating_again():
     from torch import nn
     from torchao.quantization.pt2e import quantize_pt2e
 
-    from edgekit.converters.coreml import _inputs_float, _w8a8_quantizer
+    from edgekit.converters.coreml.w8a8 import inputs_float as _inputs_float
+    from edgekit.converters.coreml.w8a8 import w8a8_quantizer as _w8a8_quantizer
 
     class Net(nn.Module):
         def __init__(self) -> None:
