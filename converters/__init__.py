@@ -3,10 +3,13 @@
 The registry maps a converter name (the ``converter`` field of a target profile) to what the converter is and
 offers, declared as data: the module that implements it (imported only when that target is used, so listing
 targets or boards never imports torch, onnxruntime, coremltools or hls4ml), the model kinds it takes, its
-precisions, the extra that installs its toolchain and its ``--option`` model (also imported lazily).
+precisions, the extra that installs its toolchain, its ``--option`` model (also imported lazily) and what it
+offers mixed precision (``mixed``: capability names of :mod:`edgekit.converters.capabilities`, each a typed
+protocol; :meth:`ConverterInfo.offered` gives the converter as that protocol where it is declared).
 
 A converter module exposes ``CONVERTER``, an object with ``convert(job) -> Artifact`` and
-``host_runner(job, artifact) -> Runner`` (the real host runtime used by verify): :mod:`edgekit.converters.job`.
+``host_runner(job, artifact) -> Runner`` (the real host runtime used by verify) and ``versions()`` (its
+toolchain's, for the manifest): :mod:`edgekit.converters.job`.
 What two converters share lives in :mod:`edgekit.converters.common`, below them; no converter imports another.
 """
 
@@ -14,8 +17,20 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, overload
 
+from edgekit.converters.capabilities import (
+    ACTIVATIONS16,
+    GROUP,
+    LAYERS,
+    UNSEARCHABLE,
+    Activations16,
+    Capability,
+    FloatGroup,
+    LayerSearch,
+    Unsearchable,
+    offered,
+)
 from edgekit.converters.job import (  # noqa: F401 - the converters' API, imported from here
     Artifact,
     Converter,
@@ -41,24 +56,40 @@ class ConverterInfo:
     options_model: str  # "module:Class" of its --option model (pydantic only: cheap, but imported when asked)
     float_fallback: bool = False  # ops outside the target's list may stay float (allow_float_fallback)
     inputs_hint: str = ""  # what to do with a model kind it does not take
+    mixed: frozenset[str] = frozenset()  # what it offers mixed precision (edgekit.converters.capabilities)
 
     @property
     def options(self) -> type[ConverterOptions]:
         module, name = self.options_model.split(":")
         return getattr(importlib.import_module(module), name)
 
+    @overload
+    def offered(self, conv: Converter, capability: Literal["layers"]) -> LayerSearch | None: ...
+    @overload
+    def offered(self, conv: Converter, capability: Literal["unsearchable"]) -> Unsearchable | None: ...
+    @overload
+    def offered(self, conv: Converter, capability: Literal["group"]) -> FloatGroup | None: ...
+    @overload
+    def offered(self, conv: Converter, capability: Literal["activations16"]) -> Activations16 | None: ...
+    def offered(self, conv: Converter, capability: Capability) -> Any:
+        """This converter as the protocol of a mixed-precision ``capability`` it declares, else None."""
+        return offered(conv, self.mixed, capability)
+
 
 CONVERTERS: dict[str, ConverterInfo] = {
     "tensorrt": ConverterInfo("edgekit.converters.tensorrt.converter", (*TORCH_INPUTS, "onnx"),
                               ("fp32", "fp16", "int8"), "jetson",
-                              "edgekit.converters.tensorrt.options:TensorRTOptions"),
+                              "edgekit.converters.tensorrt.options:TensorRTOptions",
+                              mixed=frozenset({LAYERS})),
     "tflite": ConverterInfo("edgekit.converters.tflite", (*TORCH_INPUTS, "keras", "saved_model"),
                             ("fp32", "fp16", "int8-dynamic", "int8"), "android",
                             "edgekit.converters.options:TFLiteOptions", float_fallback=True,
+                            mixed=frozenset({LAYERS, UNSEARCHABLE, GROUP, ACTIVATIONS16}),
                             inputs_hint="export the torch model with torch.export.save"),
     "coreml": ConverterInfo("edgekit.converters.coreml.converter", TORCH_INPUTS,
                             ("fp32", "fp16", "int8-weight", "int6-weight", "int4-weight", "prune-50", "int8"), "ios",
-                            "edgekit.converters.coreml.options:CoreMLOptions", inputs_hint="give the .pt2 / "
+                            "edgekit.converters.coreml.options:CoreMLOptions", mixed=frozenset({LAYERS, UNSEARCHABLE}),
+                            inputs_hint="give the .pt2 / "
                             "TorchScript / pkg.module:factory the model came from (coremltools dropped its ONNX "
                             "frontend)"),
     "hls4ml": ConverterInfo("edgekit.converters.fpga.converter", (*TORCH_INPUTS, "onnx"), ("int8", "int4"), "fpga",

@@ -66,6 +66,8 @@ class Converter(Protocol):
 
     def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner: ...
 
+    def versions(self) -> dict[str, str]: ...  # its toolchain's versions, for the manifest
+
 
 def load_firmware(runner: str, module: str = "run") -> Any:
     """Import ``firmware/<runner>/<module>.py``, the code the board runs, so that host
