@@ -239,7 +239,7 @@ def test_output_is_atomic_and_never_clobbers_foreign_folders(digits, tmp_path, m
     assert (foreign / "thesis.tex").read_text() == "precious"
 
     # a crash inside the convert stage leaves no output and no temporary sibling
-    from edgekit.converters import tensorrt
+    from edgekit.converters.tensorrt import converter as tensorrt
 
     def boom(self, job):
         (job.out_dir / "model.onnx").write_bytes(b"half")
@@ -255,7 +255,7 @@ def test_output_is_atomic_and_never_clobbers_foreign_folders(digits, tmp_path, m
 def test_engine_builds_where_tensorrt_and_a_gpu_exist(builds, tmp_path):
     trt = pytest.importorskip("tensorrt", reason="TensorRT is not installed (no GPU here; engines build on the board)")
     from edgekit.converters import load_firmware
-    from edgekit.converters.tensorrt import _engine_unavailable
+    from edgekit.converters.tensorrt.engine import _engine_unavailable
 
     why = _engine_unavailable()
     if why:

@@ -58,7 +58,7 @@ def test_fpga_target_profile():
 
 
 def test_reuse_factor_is_smallest_that_fits():
-    from edgekit.converters import fpga_resources as fr
+    from edgekit.converters.fpga import resources as fr
 
     fpga = load_board("xilinx/pynq-z2").fpga
     costs = [fr.FabricLayer("fc1", 64 * 32, 8, 8, 32), fr.FabricLayer("fc2", 32 * 10, 8, 8, 10)]
@@ -154,7 +154,7 @@ class FakeFabricDriver:
         self.name = "FakeFabricDriver (qonnx execution)"
 
     def infer(self, x):
-        from edgekit.converters.fpga_quant import qonnx_execute
+        from edgekit.converters.fpga.quant import qonnx_execute
 
         return qonnx_execute(self.mw, np.asarray(x, np.float32).reshape(self.shape)).reshape(-1) + self.offset
 
@@ -269,7 +269,7 @@ def test_table_activation_head_on_the_fabric(tmp_path, head):
     bit-exact (traced), the table's output within its resolution of the exact function, the class kept."""
     import torch
 
-    from edgekit.converters.hls4ml import TABLE_TOL
+    from edgekit.converters.fpga.csim import TABLE_TOL
     from edgekit.pipeline import convert
 
     model = _digits_mlp(tmp_path, torch.nn.Softmax(dim=-1) if head == "softmax" else torch.nn.Sigmoid())

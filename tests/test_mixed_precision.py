@@ -42,7 +42,7 @@ def test_mse_calibration_picks_the_range_of_least_quantization_error():
     percentile's fixed cut), and it is the best of the candidates when the error is computed on the raw values."""
     import numpy as np
 
-    from edgekit.converters.tensorrt import _mse_thresholds
+    from edgekit.converters.tensorrt.calibration import _mse_thresholds
 
     x = np.abs(np.random.default_rng(0).normal(0, 1, 200_000)).astype(np.float32)
     hist, edges = np.histogram(x, bins=2048)
@@ -612,7 +612,7 @@ def _cancelling_pt2(tmp_path):
 
 def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_path, monkeypatch):
     """The jetson search ranks each Q/DQ node by the worse of its local SQNR and the output SNR of the INT8 build
-    with only that node's inputs rounded (converters/tensorrt.py _isolated_snr). That measure equals a real
+    with only that node's inputs rounded (converters/tensorrt/search.py _isolated_snr). That measure equals a real
     quantize_static build with every other node excluded, and it ranks both convs of _cancelling_pt2 low, where their
     local measures do not (ppocr-cls: keeping the 5 nodes it ranks worst float took 1000 held-out lines from 95.0%
     to 97.5% agreement)."""
@@ -621,8 +621,13 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
     import onnx
 
     from edgekit import mixed
-    from edgekit.converters import tensorrt
-    from edgekit.converters.tensorrt import TRT_QDQ_OPS, _isolated_snr, _preprocessed, _qdq, _ranges, _run
+    from edgekit.converters.tensorrt import search as trt_search
+    from edgekit.converters.tensorrt.calibration import calibrated_ranges as _ranges
+    from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS
+    from edgekit.converters.tensorrt.qdq import preprocessed as _preprocessed
+    from edgekit.converters.tensorrt.qdq import run_model as _run
+    from edgekit.converters.tensorrt.qdq import write_qdq as _qdq
+    from edgekit.converters.tensorrt.search import _isolated_snr
     from edgekit.mixed import output_snr_db
 
     x = _cancelling_pt2(tmp_path)
@@ -637,7 +642,7 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
     for label in ("local", "with isolated"):
         with monkeypatch.context() as m:
             if label == "local":
-                m.setattr(tensorrt, "_isolated_snr", lambda *a: {})
+                m.setattr(trt_search, "_isolated_snr", lambda *a: {})
             convert(str(tmp_path / "cancel.pt2"), target="jetson", precision="int8", calib=str(tmp_path / "calib.npz"),
                     out=tmp_path / label, options={"calibration": "minmax"}, fail_on_verification=False)
     conv1, conv2 = ranks["local"]  # in graph order
@@ -731,7 +736,7 @@ def test_depthwise_equalization_is_exact_in_float_and_evens_the_channels(tmp_pat
     import onnxruntime as ort
     import torch
 
-    from edgekit.converters import tensorrt
+    from edgekit.converters.tensorrt.calibration import per_channel
     from edgekit.onnx_fuse import depthwise_input_sites, equalize_depthwise_inputs
 
     model, x = _spread_channels_pt2(tmp_path)
@@ -742,13 +747,13 @@ def test_depthwise_equalization_is_exact_in_float_and_evens_the_channels(tmp_pat
     assert len(sites) == 1 and sites[0][1].op_type == "Relu"
     feeds = [{"x": x[i:i + 1]} for i in range(64)]
     t = sites[0][2].input[0]
-    before = tensorrt._per_channel(path, [t], feeds, "absmax")[t]
+    before = per_channel(path, [t], feeds, "absmax")[t]
     assert before.max() / before.min() > 50
     done = equalize_depthwise_inputs(proto, sites, {t: before})
     assert done == [{"tensor": t, "spread": round(float(before.max() / before.min()), 2)}]
     eq = tmp_path / "eq.onnx"
     onnx.save(proto, str(eq))
-    after = tensorrt._per_channel(eq, [t], feeds, "absmax")[t]
+    after = per_channel(eq, [t], feeds, "absmax")[t]
     np.testing.assert_allclose(after, after.max(), rtol=1e-5)
     run = {p: ort.InferenceSession(str(p), providers=["CPUExecutionProvider"]) for p in (path, eq)}
     a, b = (np.concatenate([run[p].run(None, f)[0] for f in feeds]) for p in (path, eq))

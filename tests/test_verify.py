@@ -14,7 +14,7 @@ def test_artifact_that_does_not_load_is_a_failed_build_not_a_traceback(digits, t
     on a real OCR model): the load-and-run check names the runtime and its message; the build is kept, marked
     failed, and `edgekit bundle` refuses it."""
     from edgekit.bundle import BundleError, make_bundle
-    from edgekit.converters import tensorrt
+    from edgekit.converters.tensorrt import converter as tensorrt
     from edgekit.pipeline import convert
 
     real = tensorrt.CONVERTER.convert
@@ -102,7 +102,7 @@ def test_a_build_that_breaks_one_class_fails_although_the_class_is_not_first(dig
     import numpy as np
     import onnx
 
-    from edgekit.converters import tensorrt
+    from edgekit.converters.tensorrt import converter as tensorrt
     from edgekit.pipeline import convert
 
     path, y = _sorted_eval(tmp_path)

@@ -50,7 +50,7 @@ class FabricEstimate:
 
 
 def layer_costs(layers, bits: int) -> list[FabricLayer]:
-    """Costs of the quantized chain from ``fpga_quant.read_chain``'s layers (input stays 8-bit)."""
+    """Costs of the quantized chain from ``quant.read_chain``'s layers (input stays 8-bit)."""
     out = []
     a_bits = 8
     for lay in layers:
@@ -63,7 +63,8 @@ def layer_costs(layers, bits: int) -> list[FabricLayer]:
     return out
 
 
-def estimate(costs: list[FabricLayer], reuse: int, fpga, io_stream: bool, fifo_bits: list[int] | None = None) -> FabricEstimate:
+def estimate(costs: list[FabricLayer], reuse: int, fpga, io_stream: bool,
+             fifo_bits: list[int] | None = None) -> FabricEstimate:
     dsp = lut = ff = bram = 0
     for c in costs:
         mults = math.ceil(c.weights / reuse)

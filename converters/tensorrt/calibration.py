@@ -1,0 +1,118 @@
+"""INT8 activation ranges: the calibration methods (min-max, two percentiles, entropy, MSE), each computed once
+per build and cached as onnxruntime's calibration cache, and per-channel statistics of a model's tensors."""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.converters import ConvertJob
+from edgekit.onnx_graph import tensor_values
+
+# ``--option calibration=``: name -> (onnxruntime CalibrationMethod, the calibrator's settings, really passed).
+# Entropy: 2048 histogram bins searched for the KL-optimal threshold over 128 quantized bins (TensorRT's
+# settings; quantize_static's own path leaves num_bins at 128, where entropy equals min-max).
+# onnxruntime's "Distribution" method is for float8 (its int8 range is the histogram's full range: min-max).
+CALIBRATIONS: dict[str, tuple[str, dict]] = {
+    "minmax": ("MinMax", {}),
+    "percentile": ("Percentile", {"percentile": 99.999, "num_bins": 2048}),
+    "percentile-99.99": ("Percentile", {"percentile": 99.99, "num_bins": 2048}),
+    "entropy": ("Entropy", {"num_bins": 2048, "num_quantized_bins": 128}),
+    # the range whose int8 rounding + clipping error over the histogram is least (pytorch-quantization's "mse",
+    # PT2E's HistogramObserver): onnxruntime collects the |x| histogram, edgekit's _mse_thresholds picks the range
+    "mse": ("Percentile", {"num_bins": 2048}),
+}
+
+
+def calibrated_ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histograms: dict | None = None,
+                      tag: str = "") -> Path:
+    """Activation ranges of ``pre`` by calibration method ``name`` with its settings, computed once per build
+    (cached in the work folder as onnxruntime's calibration cache). ``histograms``: a dict kept by the caller
+    across methods, where the |x| histograms collected once serve every method that reads them (percentile,
+    percentile-99.99, mse: 2048 bins each), instead of one calibration pass per method. ``tag``: another model
+    than the build's preprocessed one, cached apart."""
+    cache = job.work_dir / f"ranges-{tag}{name}.json"
+    if cache.is_file():
+        return cache
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, TensorsData, create_calibrator,
+                                                    save_tensors_data)
+
+    method, settings = CALIBRATIONS[name]
+
+    class Reader:
+        def __init__(self) -> None:
+            self.it = iter(feeds)
+
+        def get_next(self):
+            return next(self.it, None)
+
+    shared = method == "Percentile" and histograms is not None
+    with contextlib.redirect_stdout(io.StringIO()):
+        collector = histograms.get("percentile") if shared else None
+        if collector is None:
+            cal = create_calibrator(pre, None, augmented_model_path=str(job.work_dir / f"augmented-{tag}{name}.onnx"),
+                                    calibrate_method=getattr(CalibrationMethod, method),
+                                    extra_options={"symmetric": True, **settings})
+            cal.collect_data(Reader())
+            if method != "Percentile":
+                save_tensors_data(cal.compute_data(), cache)
+                return cache
+            # only the histograms are kept for the other methods: a kept calibrator (its session of the
+            # all-outputs model) doubles a large model's peak memory at the next collection
+            collector = cal.collector
+            del cal
+            gc.collect()
+            if shared:
+                histograms["percentile"] = collector
+        if name == "mse":  # the percentile collector's |x| histograms, edgekit's threshold rule
+            result = _mse_thresholds(collector.histogram_dict)
+        else:
+            collector.percentile = settings["percentile"]
+            result = collector.compute_percentile()
+        save_tensors_data(TensorsData(CalibrationMethod.Percentile, result), cache)
+    return cache
+
+
+def _mse_thresholds(histograms: dict, levels: int = 127, candidates: int = 256) -> dict:
+    """Per tensor, the symmetric int8 range ``±t`` that minimises the squared error of quantizing the values of
+    its |x| histogram (each bin at its centre: rounding inside the range, clipping beyond it), over ``candidates``
+    thresholds from 1/candidates of the largest |x| to all of it. onnxruntime's percentile collector's histograms
+    in, its compute_percentile's result format out: {tensor: (-t, t, hist, edges)}."""
+    out = {}
+    for tensor, (hist, edges, lo, hi) in histograms.items():
+        h = np.asarray(hist, np.float64)
+        c = (np.asarray(edges[:-1], np.float64) + np.asarray(edges[1:], np.float64)) / 2
+        top = float(edges[-1])
+        if top <= 0 or h.sum() == 0:
+            t = np.array(top, dtype=edges.dtype)
+        else:
+            ts = top * np.arange(1, candidates + 1) / candidates
+            s = ts[:, None] / levels
+            err = ((np.minimum(np.round(c[None, :] / s), levels) * s - c[None, :]) ** 2 * h[None, :]).sum(axis=1)
+            t = np.array(ts[int(np.argmin(err))], dtype=edges.dtype)
+        out[tensor] = (-t, t, hist, edges)
+    return out
+
+
+def per_channel(model, names: list[str], feeds: list, stat: str) -> dict[str, np.ndarray]:
+    """Per tensor named in ``model`` (an ONNX path or proto), a statistic per channel (axis 1 of each value) over
+    ``feeds``: ``mean`` (bias correction: int8 against float per output channel) or ``absmax``, the largest |x|
+    (depthwise equalization's channel ranges)."""
+    run = tensor_values(model, names)
+    acc: dict[str, np.ndarray] = {}
+    count: dict[str, int] = {}
+    for f in feeds:
+        for name, o in run(f).items():
+            o = np.asarray(o, np.float64)
+            axes = tuple(a for a in range(o.ndim) if a != 1) if o.ndim > 2 else (0,)  # all but the channel axis
+            if stat == "mean":
+                acc[name] = acc.get(name, 0) + o.sum(axis=axes)
+                count[name] = count.get(name, 0) + int(np.prod([o.shape[a] for a in axes]))
+            else:
+                top = np.abs(o).max(axis=axes)
+                acc[name] = np.maximum(acc[name], top) if name in acc else top
+    return {name: v / max(1, count[name]) for name, v in acc.items()} if stat == "mean" else acc

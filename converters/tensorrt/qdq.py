@@ -1,0 +1,82 @@
+"""Q/DQ placement and writing: the preprocessed float model, the Q/DQ model quantize_static writes from a ranges
+cache, and a host run of either (the measure every INT8 step compares by)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from pathlib import Path
+
+import numpy as np
+
+from edgekit.converters import ConvertJob, load_firmware
+from edgekit.converters.tensorrt.calibration import CALIBRATIONS
+from edgekit.deps import require
+
+# ``--option qdq=``: where the Q/DQ pairs go.
+# "tensorrt" (default): TensorRT's own placement guidance, as NVIDIA ModelOpt's ONNX PTQ does it: Q/DQ on the
+#   *inputs* of the layers TensorRT runs in INT8 (convolutions, GEMM/MatMul, average pooling), none on their
+#   outputs, float biases; everything else (normalization written as ops, Sigmoid/Softmax, Add/Mul, LSTM state
+#   arithmetic) is left to TensorRT's fp16 under --int8 --fp16. A Q/DQ on an output or on a pointwise op only
+#   adds rounding TensorRT would otherwise not do (a LayerNorm written as ReduceMean/Sub/Pow/Sqrt/Div suffers most).
+# "all": onnxruntime's default (every op it has a QDQ rule for, inputs and outputs).
+TRT_QDQ_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool")
+# ops whose nodes quantize_static gives Q/DQ under "all" and that mixed precision may keep float
+QUANTIZED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Concat", "AveragePool",
+                 "GlobalAveragePool", "MaxPool", "Resize", "Sigmoid", "Softmax", "LeakyRelu", "HardSwish",
+                 "Where", "Split", "Pad", "ReduceMean", "InstanceNormalization", "LayerNormalization", "Gather"}
+
+
+def placement(job: ConvertJob) -> str:
+    return job.options.get("qdq") or "tensorrt"  # validated by TensorRTOptions (pipeline.convert)
+
+
+def preprocessed(job: ConvertJob, src: Path) -> Path:
+    """onnxruntime's quantization pre-processing (shape inference, BASIC optimization), every node named
+    (nodes_to_exclude and the mixed-precision search address nodes by name)."""
+    onnx = require("onnx", "jetson")
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    pre = job.work_dir / "preprocessed.onnx"
+    with contextlib.redirect_stdout(io.StringIO()):
+        quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
+    proto = onnx.load(str(pre))
+    seen: set[str] = set()
+    for i, n in enumerate(proto.graph.node):
+        if not n.name or n.name in seen:
+            n.name = f"{n.op_type}_{i}"
+        seen.add(n.name)
+    onnx.save(proto, str(pre))
+    return pre
+
+
+def write_qdq(pre: Path, dest: Path, ranges: Path, name: str, excluded: list[str], placement: str) -> None:
+    """The Q/DQ model of ``pre`` at the activation ranges of the cache ``ranges`` (calibration method ``name``'s),
+    the nodes named in ``excluded`` left float, the pairs placed as ``placement`` says."""
+    q = require("onnxruntime.quantization", "jetson")
+
+    extra: dict = {"ActivationSymmetric": True, "WeightSymmetric": True}
+    kw: dict = {}
+    if placement == "tensorrt":
+        kw["op_types_to_quantize"] = list(TRT_QDQ_OPS)
+        extra.update(OpTypesToExcludeOutputQuantization=list(TRT_QDQ_OPS), QuantizeBias=False, DedicatedQDQPair=True)
+    with contextlib.redirect_stdout(io.StringIO()):
+        q.quantize_static(
+            str(pre), str(dest), None,
+            quant_format=q.QuantFormat.QDQ,
+            activation_type=q.QuantType.QInt8,  # TensorRT takes symmetric signed INT8 only
+            weight_type=q.QuantType.QInt8,
+            per_channel=True,
+            calibrate_method=getattr(q.CalibrationMethod, CALIBRATIONS[name][0]),
+            calibration_cache_path=str(ranges),
+            nodes_to_exclude=excluded,
+            extra_options=extra,
+            **kw,
+        )
+
+
+def run_model(path: Path, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """``path``'s outputs on ``feeds`` with the bundle's own onnxruntime runner (firmware/tensorrt/run.py)."""
+    from edgekit.verify import run_all
+
+    return run_all(load_firmware("tensorrt").OnnxRuntimeModel(str(path)), feeds)

@@ -1,0 +1,90 @@
+"""The INT8 build: the float model preprocessed, its activation ranges calibrated by the method that measures best
+(or the one given), the student's ranges, depthwise equalization and bias correction where asked, the Q/DQ model
+written; returns the manifest's quantization record."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from edgekit.converters import ConvertJob
+from edgekit.converters.tensorrt.bias import bias_correction
+from edgekit.converters.tensorrt.calibration import CALIBRATIONS, calibrated_ranges
+from edgekit.converters.tensorrt.equalize import equalize_before, equalize_if_better, equalize_mode
+from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS, placement, preprocessed, run_model, write_qdq
+from edgekit.converters.tensorrt.student import impose_student_ranges
+from edgekit.deps import require
+from edgekit.mixed.search import output_snr_db, search_feeds
+from edgekit.onnx_graph import cap_ir_version, prune_opsets
+
+
+def quantize_int8(job: ConvertJob, src: Path, dest: Path) -> dict:
+    onnx = require("onnx", "jetson")
+    pre = preprocessed(job, src)
+    assert job.calib is not None  # the pipeline refuses int8 without calibration data
+    feeds = list(job.calib.batches(job.model))
+    excluded = list(job.options.get("keep_float_nodes") or [])
+    where = placement(job)
+    auto_equalize = equalize_mode(job) == "auto"  # on / off: decided now
+    equalized = None if auto_equalize else equalize_before(job, pre, feeds)
+    chosen, measured = choose_calibration(job, pre, feeds, excluded, where)
+    with job.substep("calibration"):
+        ranges = calibrated_ranges(job, pre, feeds, chosen)  # computed above where measured (cached)
+    ranges, student = impose_student_ranges(job, pre, feeds, ranges)
+    write_qdq(pre, dest, ranges, chosen, excluded, where)
+    if auto_equalize and student and student["applied"]:
+        equalized = {"applied": False, "chosen": "default", "reason": "the fine-tuned student's activation "
+                     "ranges are imposed: equalizing would give their tensors other values"}
+    elif auto_equalize:
+        equalized = equalize_if_better(job, pre, dest, feeds, chosen)
+    bias = bias_correction(job, pre, dest, feeds)
+    proto = prune_opsets(onnx.load(str(dest)))
+    cap_ir_version(proto)
+    onnx.save(proto, str(dest))
+    n_q = sum(1 for n in proto.graph.node if n.op_type == "QuantizeLinear")
+    n_dq = sum(1 for n in proto.graph.node if n.op_type == "DequantizeLinear")
+    job.log(f"INT8 Q/DQ: {n_q} QuantizeLinear, {n_dq} DequantizeLinear, calibrated on {len(feeds)} batches")
+    return {
+        "tool": "onnxruntime.quantization.quantize_static",
+        "format": "QDQ",
+        "weights": "int8 symmetric per-channel",
+        "activations": "int8 symmetric per-tensor",
+        "qdq_placement": where,
+        "qdq_placement_is": ("inputs of " + ", ".join(TRT_QDQ_OPS) + " only (TensorRT's guidance; the rest "
+                             "runs fp16)") if where == "tensorrt" else "every op onnxruntime quantizes",
+        "calibration_method": chosen,
+        "calibration_settings": CALIBRATIONS[chosen][1],
+        "calibration_chosen": "by measurement (output SNR dB against float)" if measured else "by --option",
+        "calibration_measured_snr_db": measured or None,
+        "calibration_batches": len(feeds),
+        "calibration_source": job.calib.source,
+        "nodes_kept_float": excluded,
+        **({"student_ranges": student} if student else {}),
+        "depthwise_equalization": equalized,
+        "bias_correction": bias,
+        "quantize_linear": n_q,
+        "dequantize_linear": n_dq,
+    }
+
+
+def choose_calibration(job: ConvertJob, pre: Path, feeds: list, excluded: list[str],
+                       where: str) -> tuple[str, dict[str, float]]:
+    """The calibration method to build with and, for ``calibration=auto``, each method's output SNR against float
+    (dB) on the search samples: every method's INT8 model is built and the best wins."""
+    asked = job.options.get("calibration") or "auto"
+    if asked != "auto":
+        return asked, {}
+    measured: dict[str, float] = {}
+    search = search_feeds(job)
+    ref = run_model(pre, search)
+    histograms: dict = {}  # one |x| histogram collection for the methods that read it
+    for name in CALIBRATIONS:
+        cand = job.work_dir / f"int8-{name}.onnx"
+        with job.substep(f"calibration ({name})"):
+            ranges = calibrated_ranges(job, pre, feeds, name, histograms)
+        write_qdq(pre, cand, ranges, name, excluded, where)
+        measured[name] = round(output_snr_db(ref, run_model(cand, search)), 2)
+    chosen = max(measured, key=lambda k: measured[k])
+    job.log("calibration by measurement (output SNR against float on "
+            f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
+            + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
+    return chosen, measured
