@@ -209,6 +209,30 @@ class BuildCache:
         return stats, graph
 
 
+def cached_build(bc: BuildCache | None, out: str | Path | None, default_root: str | Path,
+                 log: Callable[[str], None], warn: Callable[[str], None]) -> tuple[Any, ...] | None:
+    """A verified build of this call's key restored into ``out`` (default: ``default_root/<its name>``): the fields
+    of its ConvertResult (:func:`hit_result`); None on a miss or where the call is not cached (``bc`` None)."""
+    if bc is None:
+        return None
+    hit = bc.restore(Path(out) if out is not None else None, lambda man: Path(default_root) / man["name"], log)
+    return hit_result(bc, *hit, warn) if hit is not None else None
+
+
+def store_build(bc: BuildCache | None, out_dir: Path, stats: dict[str, Any], notes: list[str],
+                manifest: dict[str, Any], warn: Callable[[str], None]) -> dict[str, Any] | None:
+    """A verified build just written to ``out_dir`` stored under this call's key; the result's ``cache`` part, or
+    None where it is not cached. A full or read-only cache folder never fails a finished conversion: it warns."""
+    if bc is None:
+        return None
+    try:
+        bc.store(out_dir, stats, notes)
+    except OSError as exc:
+        warn(f"build cache not updated: {exc}")
+        return None
+    return {"hit": False, "key": bc.key, "built_utc": manifest.get("created_utc")}
+
+
 def hit_result(bc: BuildCache, out: Path, manifest: dict[str, Any], entry: dict[str, Any],
                warn: Callable[[str], None]) -> tuple[Any, ...]:
     """The fields of a cache hit's ConvertResult, as the build that was stored returned them (its warnings said
@@ -232,9 +256,10 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
                input_shape: list[str] | None, consts: list[str] | None, trust_pickle: bool, opset: int | None,
                golden_count: int, options: dict[str, Any] | None, output_kinds: dict[str, str] | None,
                eval_output: str | None, cache_dir: str | Path | None = None,
-               log: Callable[[str], None] = lambda m: None) -> BuildCache | None:
+               log: Callable[[str], None] = lambda m: None, strict: bool = False) -> BuildCache | None:
     """The cache for one convert call, its keys computed from the inputs' bytes; None when this build cannot be
-    cached (said once per process, with the reason)."""
+    cached (said once per process, with the reason). ``strict``: --strict (no mixed-precision build), a key of
+    its own."""
     from edgekit.calibration_store import load_fit
     from edgekit.ingest import FACTORY_RE, Model
 
@@ -262,7 +287,7 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
         "target": target.model_dump(mode="json"), "board": board.model_dump(mode="json"),  # overrides included
         "board_fit": load_fit(board.id),  # the calibrated cost model: the plan and its estimate read it
         "precision": precision, "opset": opset, "golden": golden_count, "options": options,
-        "output_kinds": output_kinds, "eval_output": eval_output,
+        "output_kinds": output_kinds, "eval_output": eval_output, **({"strict": True} if strict else {}),
     })
     what = {"kind": "build", "model": src, "target": target.name, "board": board.id}
     return BuildCache(cache_root(cache_dir), key, analysis_key, what)

@@ -76,7 +76,7 @@ class Model:
 
     def reference(self) -> Callable[[dict[str, np.ndarray]], list[np.ndarray]]:
         """The float model as a function of named numpy inputs (one batch); made once per Model (the
-        compress and verify stages both run it; for ONNX it holds an onnxruntime session)."""
+        data and verify stages both run it; for ONNX it holds an onnxruntime session)."""
         if self._reference is None:
             self._reference = self._make_reference()
         return self._reference

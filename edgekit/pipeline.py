@@ -1,9 +1,10 @@
 """The convert pipeline as one API call; it only orchestrates the stages of :mod:`edgekit.stages`:
 
-    ingest -> analyze -> plan -> compress -> convert -> verify -> write
+    ingest -> analyze -> plan -> data -> convert -> verify -> mixed -> write
 
-The stage list is checked against the declared order before anything runs; each stage is
-timed. The output folder is built as a temporary sibling and renamed into place, so a failed
+The request is checked first (:mod:`edgekit.request`) and a verified build with the same inputs comes from the
+build cache (:mod:`edgekit.cache`). The stage list is checked against the declared order before anything runs;
+each stage is timed. The output folder is built as a temporary sibling and renamed into place, so a failed
 or killed run leaves nothing half-written. A build whose host verification fails is still
 written (so its report can be read) but is marked failed in the manifest, and the call raises
 VerificationError afterwards (unless ``fail_on_verification=False``): `edgekit bundle` refuses
@@ -12,8 +13,6 @@ such a build.
 
 from __future__ import annotations
 
-import math
-import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,20 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from edgekit import cache as build_cache
 from edgekit import stages
 from edgekit.analyze import ModelStats
-from edgekit.data import max_data_bytes
-from edgekit.errors import InputSpecError, ProfileError, VerificationError
-from edgekit.fsutil import atomic_dir, check_replaceable, work_dir
+from edgekit.errors import VerificationError
+from edgekit.fsutil import atomic_dir, work_dir
 from edgekit.ingest import Model
-from edgekit.profiles import default_board, load_board, load_target, override_tolerances
 from edgekit.quiet import TOOLCHAIN_LOG, toolchain_output
+from edgekit.request import check_request, warn_unshowable_bar
 from edgekit.stages import GOLDEN_FILE, bundle_name, check_precision  # noqa: F401 - the pipeline's API
 from edgekit.verify import Verification
 
 DEFAULT_BUILD_ROOT = "build"
-MIN_OPSET, MAX_OPSET = 7, 25  # what onnx and onnxruntime know of; per-channel INT8 needs 13 or more
-ORDER = ("ingest", "analyze", "plan", "compress", "convert", "verify", "write")
+ORDER = ("ingest", "analyze", "plan", "data", "convert", "verify", "mixed", "write")
 stages.check_order(ORDER)  # at import: a reordered pipeline never starts
 
 
@@ -68,19 +66,6 @@ class _Clock:
         yield
         self.times[name] = time.perf_counter() - t0
         self.on_stage(name, f"{self.times[name]:.2f} s")
-
-
-def _unshowable_bar(bar: float, n: int, kinds: dict[str, str], warn: Callable[[str], None]) -> None:
-    """Warn where a --tolerance agreement bar is more than n golden samples can show: all n agreeing proves only
-    n / (n + 1.96^2) (the Wilson 95% interval's low end), and below one disagreement in n the bar is 100%."""
-    z2 = 1.96 ** 2
-    if not 0 < bar < 1 or not {"class", "ctc"} & set(kinds.values()) or n / (n + z2) >= bar:
-        return
-    need = math.ceil(z2 * bar / (1 - bar))
-    warn(f"--tolerance min_top1_agreement={bar:g} on {n} golden samples: all {n} agreeing shows only "
-         f"{n / (n + z2):.1%} (the 95% interval's low end), and one disagreement is {100 / n:.1f} points, so a build "
-         f"that agrees on fewer inputs than the bar can pass it. Give --golden {need} or more (the --eval or --calib "
-         "file must hold that many samples) for a bar the check can show")
 
 
 def convert(
@@ -127,47 +112,23 @@ def convert(
     ``verbose``); ``log``, ``warn`` and ``on_stage`` are edgekit's own messages. ``on_stage`` also hears
     sub-steps of long stages as ``"convert/calibration"`` with ``"start"``, ``"3/16"`` or the time taken.
 
-    An INT8 build that fails verification gets mixed precision (:mod:`edgekit.mixed`: the fewest
-    sensitive layers kept at higher precision, then verified again) unless ``strict``.
+    An INT8 build that fails verification gets mixed precision (the ``mixed`` stage, :mod:`edgekit.mixed.fallback`:
+    the fewest sensitive layers kept at higher precision, then verified again) unless ``strict``.
     """
-    from edgekit.converters import ConvertJob, check_options, get_converter
+    from edgekit.converters import ConvertJob, get_converter
 
-    # every option is checked before any work
-    if isinstance(golden_count, bool) or not isinstance(golden_count, int) or golden_count < 1:
-        raise InputSpecError(f"--golden {golden_count}: give the number of golden samples, at least 1 "
-                             f"(default {stages.GOLDEN_DEFAULT})")
-    if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
-        raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
-                             "or leave it out for the target's default")
-    max_data_bytes(max_data_mb)  # a bad --max-data-mb is refused even when the build then comes from the cache
-    if out is not None:  # a foreign -o is refused before minutes of work, and again at the end
-        check_replaceable(Path(os.path.abspath(out)))
-    tgt = load_target(target)
-    if tolerance:
-        tgt = override_tolerances(tgt, tolerance)
-    options = check_options(tgt.converter, options) or None
-    brd = load_board(board, board_set) if board else default_board(target)
-    if board_set and not board:
-        brd = load_board(brd.id, board_set)
-    if target not in brd.targets:
-        raise ProfileError(f"board {brd.id} does not take target {target!r} (its targets: {brd.targets})")
-    precision = precision or tgt.default_precision
-    if precision != "auto":  # "auto" is resolved by the plan stage from the analysis
-        check_precision(precision, tgt, brd)  # --calib for INT8 is checked in compress: an op refusal comes first
-    bc = None
-    if cache:
-        from edgekit import cache as build_cache
-
-        bc = build_cache.open_cache(
-            model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
-            trust_pickle=trust_pickle, opset=opset, golden_count=golden_count,
-            options={**(options or {}), "--strict": True} if strict else options,  # no mixed-precision build
-            output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log)
-        hit = bc.restore(out, lambda man: Path(DEFAULT_BUILD_ROOT) / man["name"], log) if bc else None
-        if hit is not None:
-            res = ConvertResult(*build_cache.hit_result(bc, *hit, warn))
-            _record(res, warn)
-            return res
+    req = check_request(target, board, board_set, precision, golden_count, opset, max_data_mb, out, tolerance,
+                        options)  # every option is checked before any work
+    tgt, brd, precision, options = req.target, req.board, req.precision, req.options
+    bc = build_cache.open_cache(
+        model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
+        trust_pickle=trust_pickle, opset=opset, golden_count=golden_count, options=options, strict=strict,
+        output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log) if cache else None
+    hit = build_cache.cached_build(bc, out, DEFAULT_BUILD_ROOT, log, warn)
+    if hit is not None:
+        res = ConvertResult(*hit)
+        _record(res, warn)
+        return res
     warnings: list[str] = []
 
     def _warn(msg: str) -> None:
@@ -186,18 +147,18 @@ def convert(
             an = stages.analyze(ing, tgt, work, opset, options, _warn, analysis, precision)
         with clock.stage("plan"):
             planned = stages.plan(ing, an, tgt, brd, precision, log, options)
-        with clock.stage("compress"):
-            comp = stages.compress(ing, planned, golden_count, _warn, output_kinds, eval_output)
-            if tolerance and "min_top1_agreement" in tolerance:
-                _unshowable_bar(float(tolerance["min_top1_agreement"]), len(comp.golden), comp.kinds, _warn)
+        with clock.stage("data"):
+            prep = stages.data(ing, planned, golden_count, _warn, output_kinds, eval_output)
+            warn_unshowable_bar(tolerance, len(prep.golden), prep.kinds, _warn)
         m = ing.model
         if out is None:  # one folder per model, target and precision: builds never collide under build/
             out = Path(DEFAULT_BUILD_ROOT) / bundle_name(m.source, tgt.name, planned.precision)
             log(f"output folder: {out}")
         with atomic_dir(Path(out)) as out_tmp:
             job = ConvertJob(
-                model=m, target=tgt, board=brd, precision=planned.precision, calib=comp.calib,
-                out_dir=out_tmp, work_dir=work, options=dict(options or {}), log=log, warn=_warn, opset=opset, output_kinds=comp.kinds,
+                model=m, target=tgt, board=brd, precision=planned.precision, calib=prep.calib,
+                out_dir=out_tmp, work_dir=work, options=dict(options or {}), log=log, warn=_warn, opset=opset,
+                output_kinds=prep.kinds,
                 float_onnx=an.float_graph if m.is_torch else None,
                 float_tflite=an.float_graph if m.is_tf else None,
                 step=lambda name, msg: on_stage(f"convert/{name}", msg),
@@ -216,32 +177,24 @@ def convert(
                               "own float weights, which it does not imitate; --option student_ranges=off calibrates")
 
                 def check(a: Any) -> Any:  # host verification of an artifact (again after a mixed-precision rebuild)
-                    return stages.verify(ing, lambda: conv.host_runner(job, a), comp, tol, a.runtime, planned.precision,
+                    return stages.verify(ing, lambda: conv.host_runner(job, a), prep, tol, a.runtime, planned.precision,
                                          reference)
 
                 checked = check(artifact)
-                if (not checked.verification.passed and checked.verification.outputs and not strict
-                        and planned.precision == "int8" and hasattr(conv, "mixed_search")):
-                    from edgekit.mixed import fallback
-
-                    artifact, checked = fallback(job, conv, artifact, checked, comp.kinds, tol, check, log, _warn)
-                # a fine-tuned model's final build, once, against the float model it came from
-                stages.against_original(ing.model, lambda: conv.host_runner(job, artifact), comp, tol,
+            with clock.stage("mixed"):
+                artifact, checked = stages.mixed(job, conv, artifact, checked, prep, tol, check, strict, log, _warn)
+                # the build this stage ends with, once, against the float model a fine-tuned model came from
+                stages.against_original(ing.model, lambda: conv.host_runner(job, artifact), prep, tol,
                                         planned.precision, checked.verification, reference)
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
-                versions = conv.versions() if hasattr(conv, "versions") else {}
-                manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, comp.calib,
-                                        an.stats, versions, warnings, clock.times, planned.section, comp.record)
+                manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, prep.calib,
+                                        an.stats, conv.versions(), warnings, clock.times, planned.section, prep.record)
         verification = checked.verification
         result = ConvertResult(Path(out).resolve(), manifest, verification, an.stats, clock.times, warnings,
                                artifact.notes)
-    if bc is not None and verification.passed:  # only verified builds are stored; a failed one is rebuilt each time
-        try:
-            bc.store(result.out_dir, an.stats.to_json(), artifact.notes)
-            result.cache = {"hit": False, "key": bc.key, "built_utc": manifest.get("created_utc")}
-        except OSError as exc:  # a full or read-only cache folder never fails a finished conversion
-            warn(f"build cache not updated: {exc}")
+    if verification.passed:  # only verified builds are stored; a failed one is rebuilt each time
+        result.cache = build_cache.store_build(bc, result.out_dir, an.stats.to_json(), artifact.notes, manifest, warn)
     _record(result, warn)
     if not verification.passed and fail_on_verification:
         raise VerificationError(

@@ -3,9 +3,12 @@
     ingest   -> Ingested      the model (edgekit.ingest.Model) and its calibration / eval data
     analyze  -> Analysis      ModelStats and the float graph; the op-support check
     plan     -> Planned       the precision (the budget planner's choice for ``auto``) and its estimate
-    compress -> Compression   what the converters share before they quantize: checked calibration data
-    convert  -> Artifact      the converter (edgekit.converters) writes the target's format
+    data     -> Prepared      the data every converter and the checks share: calibration data checked, golden
+                              (and eval) samples drawn and held out of it, each output's kind
+    convert  -> Artifact      the converter (edgekit.converters) writes the target's format (and compresses it)
     verify   -> Checked       Verification and the golden inputs/outputs, with the host runtime
+    mixed    -> Artifact, Checked   an INT8 build that failed verification: its mixed-precision fallback
+                              (edgekit.mixed.fallback), verified again; no-op otherwise or with --strict
     write    -> manifest      golden.npz, runner, report.md, manifest.json (edgekit.manifest.Manifest)
 
 ``STAGES`` declares the order; each stage names the records it needs and gives, and
@@ -60,10 +63,11 @@ STAGES: tuple[Stage, ...] = (
     Stage("ingest", (), ("ingested",)),
     Stage("analyze", ("ingested",), ("analysis",)),
     Stage("plan", ("ingested", "analysis"), ("planned",)),
-    Stage("compress", ("ingested", "planned"), ("compression",)),
-    Stage("convert", ("ingested", "analysis", "planned", "compression"), ("artifact",)),
-    Stage("verify", ("ingested", "planned", "artifact"), ("checked",)),
-    Stage("write", ("ingested", "analysis", "planned", "compression", "artifact", "checked"), ("manifest",)),
+    Stage("data", ("ingested", "planned"), ("prepared",)),
+    Stage("convert", ("ingested", "analysis", "planned", "prepared"), ("artifact",)),
+    Stage("verify", ("ingested", "planned", "prepared", "artifact"), ("checked",)),
+    Stage("mixed", ("planned", "prepared", "artifact", "checked"), ("artifact", "checked")),
+    Stage("write", ("ingested", "analysis", "planned", "prepared", "artifact", "checked"), ("manifest",)),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
 
@@ -102,7 +106,7 @@ class Planned:
 
 
 @dataclass
-class Compression:
+class Prepared:
     calib: Dataset | None  # checked calibration data (int8), or None; golden/eval samples held out of it
     golden: Dataset  # the golden samples, drawn across --eval, else --calib, else random inputs
     eval: Dataset | None  # the eval samples (all of --eval; the held-out part when it is the --calib file)
@@ -231,10 +235,11 @@ def held_out(n: int, labels: np.ndarray | None, golden: np.ndarray) -> np.ndarra
     return np.union1d(golden, draw(n, max(len(golden), n // 4), labels, seed=GOLDEN_SEED + 1))
 
 
-def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str], None],
-             output_kinds: dict[str, str] | None = None, eval_output: str | None = None) -> Compression:
-    """compress: what every converter needs before it quantizes: calibration data for INT8 (real, or random
-    with a warning), and the data the golden samples are drawn from."""
+def data(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str], None],
+         output_kinds: dict[str, str] | None = None, eval_output: str | None = None) -> Prepared:
+    """data: what every converter and the checks need before anything is quantized: calibration data for INT8
+    (real, or random with a warning), the golden (and eval) samples drawn and held out of it, and each output's
+    kind (the metric that judges it). Compression itself is each converter's."""
     calib_ds = ing.calib
     if planned.precision == "int8":
         check_calibration(planned.precision, calib_ds is not None)
@@ -270,7 +275,7 @@ def compress(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[
         scored = pick_eval_output(ing.model, kinds, eval_output)
     elif eval_output is not None:
         raise InputSpecError(f"--eval-output {eval_output}: give --eval with a 'label' array to score it")
-    return Compression(calib_ds, golden, eval_ds, record, kinds, scored)
+    return Prepared(calib_ds, golden, eval_ds, record, kinds, scored)
 
 
 def _same_file(a: Dataset, b: Dataset) -> bool:
@@ -284,7 +289,7 @@ def convert(job: ConvertJob, converter: Any) -> Artifact:
     return converter.convert(job)
 
 
-def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, tol: Tolerance, runtime: str,
+def verify(ing: Ingested, make_runner: Callable[[], Runner], prep: Prepared, tol: Tolerance, runtime: str,
            precision: str, reference: tuple[Callable, str] | None = None) -> Checked:
     """verify: first load the artifact in the host runtime and run it once (a failure there is the build's
     failure, named with the runtime's own message: the build is kept and marked failed); then compare it with
@@ -292,7 +297,7 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
     :func:`original_reference`)."""
     m = ing.model
     run_ref = reference[0] if reference else m.reference()
-    feeds = list(comp.golden.batches(m, len(comp.golden)))
+    feeds = list(prep.golden.batches(m, len(prep.golden)))
     try:
         runner = make_runner()
         runner(feeds[0])
@@ -302,17 +307,33 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], comp: Compression, 
 
         ref = run_all(run_ref, feeds)
         gin = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
-        v = Verification(runtime, precision, len(ref[0]), comp.golden.source, [], failures=[
+        v = Verification(runtime, precision, len(ref[0]), prep.golden.source, [], failures=[
             f"the artifact does not load or run in {runtime} ({type(exc).__name__}: {first_line(exc, 300)})"])
     else:
-        v, gin, ref = verify_outputs(m, run_ref, runner, comp.golden, len(comp.golden), tol, runtime, precision,
-                                     comp.eval, comp.kinds, comp.eval_output)
+        v, gin, ref = verify_outputs(m, run_ref, runner, prep.golden, len(prep.golden), tol, runtime, precision,
+                                     prep.eval, prep.kinds, prep.eval_output)
     if reference:
         v.reference_model = reference[1]
         v.notes.append(f"checked against the float model it was fine-tuned from ({reference[1]}), not its own float "
                        "weights: the build imposes the activation ranges its student trained with to imitate that "
                        "model (--option student_ranges=off checks against its own)")
     return Checked(v, gin, ref)
+
+
+def mixed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked, prep: Prepared, tol: Tolerance,
+          reverify: Callable[[Artifact], Checked], strict: bool, log: Callable[[str], None],
+          warn: Callable[[str], None]) -> tuple[Artifact, Checked]:
+    """mixed: an INT8 build that failed verification (unless ``strict``) gets the mixed-precision fallback
+    (edgekit.mixed.fallback: the fewest sensitive layers kept at higher precision, verified again with
+    ``reverify``), driven by what the registry declares the converter offers (``ConverterInfo.mixed``). Any other
+    build passes through as verified."""
+    offers = converter_info(job.target.converter).mixed
+    v = checked.verification
+    if v.passed or not v.outputs or strict or job.precision != "int8" or not offers:
+        return artifact, checked
+    from edgekit.mixed.fallback import fallback
+
+    return fallback(job, converter, artifact, checked, prep.kinds, tol, reverify, log, warn, offers=offers)
 
 
 def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,

@@ -210,7 +210,7 @@ def test_the_16x8_search_ranks_an_op_by_what_its_int8_weights_cost_the_output(di
     from ai_edge_litert.interpreter import Interpreter
 
     from edgekit.converters.tflite import _a16_weight_effect
-    from edgekit.mixed import output_snr_db
+    from edgekit.mixed.search import output_snr_db
     from edgekit.tflite_graph import TFLiteGraph
 
     common = {"target": "android", "calib": str(digits["calib"]), "cache": False}

@@ -114,166 +114,6 @@ def test_android_int8_failure_keeps_the_head_float(digits, tmp_path):
     assert art["op_counts"]["CONV_2D"] == 2  # the convolutions stay int8
 
 
-def _noise_model(seed: int, noise: dict[str, float], scale: float = 1.0):
-    """A stand-in search's outputs: a reference output, and ``outputs(kept)`` that moves it by the errors of the
-    layers in ``noise`` not kept (layer -> its error, all in one direction, summed exactly)."""
-    import math
-
-    import numpy as np
-
-    ref = [np.random.default_rng(seed).normal(size=(16, 10)) * scale]
-
-    def outputs(kept):
-        return [ref[0] + math.fsum(v for k, v in noise.items() if k not in kept) * np.sign(ref[0])]
-
-    return ref, outputs
-
-
-def test_search_keeps_the_fewest_layers_it_measured():
-    """edgekit.mixed.keep_fewest on a known error budget: layer 'a' alone breaks the output, 'b' adds a little
-    noise, 'c' none; only 'a' is kept. Where the search samples already pass all-INT8, they still measure which layer
-    costs the output most: that one is offered first (the golden samples judge it); where none gains, nothing."""
-    import numpy as np
-
-    from edgekit.mixed import Layer, Search, keep_fewest
-
-    noise = {"a": 0.5, "b": 0.02, "c": 0.0}
-    ref, outputs = _noise_model(0, noise)  # reads ``noise`` at each build: changed below
-
-    def passes(got):
-        return float(np.max(np.abs(got[0] - ref[0]))) < 0.1
-
-    layers = [Layer("c", "Conv", 40.0), Layer("b", "Conv", 30.0), Layer("a", "Gemm", 35.0)]  # local rank misleads
-    out = keep_fewest(Search(layers, outputs, ref, "float"), passes)
-    assert [k.name for k in out.kept] == ["a"] and out.passed_search and out.snr_db_after > out.snr_db_before
-    assert max(out.scanned, key=lambda x: x.gain_db).name == "a"
-    noise["a"] = 0.05  # now all-INT8 passes on the search samples
-    out = keep_fewest(Search(layers, outputs, ref, "float"), passes)
-    assert [k.name for k in out.kept] == ["a"] and out.passed_search and not out.shown and not out.spread
-    assert {lay.name for lay in out.scanned} == {"a", "b", "c"} and out.builds == 4
-    out = keep_fewest(Search([Layer("c", "Conv", 40.0)], outputs, ref, "float"), passes)  # 'c' adds no noise
-    assert out.kept == [] and [lay.name for lay in out.scanned] == ["c"] and not out.shown
-
-
-def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m: None):
-    """edgekit.mixed.fallback on a stand-in converter whose builds are a noise model: the plain INT8 build failed,
-    and a rebuild passes the golden samples where layer ``golden_needs`` is kept. Returns (artifact, checked)."""
-    from types import SimpleNamespace
-
-    from edgekit.mixed import fallback
-
-    def reverify(art):
-        ok = golden_needs in art.meta["kept"]
-        return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden fails"],
-                                                            notes=[]))
-
-    job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path, options={})
-    tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
-    checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
-    return fallback(job, converter, SimpleNamespace(meta={}, notes=[], files=[]), checked, {"y": "regression"}, tol,
-                    reverify, log=lambda m: None, warn=warn)
-
-
-def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
-    """The search measures kept layers in torch; the target's converter may fail on one of them kept float (CI met
-    litert-torch's broadcast error when ppocr-cls' SE multiply was kept). The re-verification loop drops that layer,
-    says so, and goes on with the next one, instead of ending the build in a conversion error. The converter here
-    is a stand-in (its builds are the noise model below); the loop under test is edgekit's."""
-    from types import SimpleNamespace
-
-    from edgekit.errors import ConversionError
-    from edgekit.mixed import Layer, Search
-
-    # the search samples pass once 'a' is kept; the golden ones need 'b'
-    ref, outputs = _noise_model(0, {"a": 0.5, "c": 0.04, "b": 0.03}, scale=3)
-
-    class StandInConverter:
-        def mixed_search(self, job, artifact):
-            return Search([Layer("a", "Gemm", 20.0), Layer("b", "Conv", 30.0), Layer("c", "Mul", 25.0)], outputs,
-                          ref, "float")
-
-        def keep_layers(self, job, artifact, kept):
-            if "c" in kept:
-                raise ConversionError("litert-torch could not convert the model (RuntimeError: broadcast)")
-            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
-
-    warned = []
-    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "b", warned.append)
-    assert chk.verification.passed and art.meta["kept"] == ["a", "b"]
-    rec = art.meta["mixed_precision"]
-    assert [k["name"] for k in rec["kept"]] == ["a", "b"] and rec["unbuildable"][0].startswith("c (")
-    assert any("c kept float does not convert" in w for w in warned)
-
-
-def test_a_group_that_does_not_pass_is_kept_while_its_layers_are_searched(tmp_path):
-    """A converter's first group (android: every LSTM float) is built and re-verified before any layer is
-    searched; where it still fails, the layer search runs on that build and its rebuilds keep the group (the job's
-    options), and the record says both steps. The passing case runs on a real LSTM in test_android_int8_ops.py."""
-    from types import SimpleNamespace
-
-    from edgekit.mixed import Layer, Search
-
-    ref, outputs = _noise_model(2, {"b": 0.5}, scale=3)  # the search samples pass once 'b' is kept
-    seen = []
-
-    class StandInConverter:
-        def float_group(self, job, artifact):
-            return None if "lstm" in job.options else ({"lstm": "float"}, "every LSTM float")
-
-        def convert(self, job):
-            seen.append(("convert", dict(job.options)))
-            return SimpleNamespace(meta={"kept": []}, notes=[], files=[])
-
-        def mixed_search(self, job, artifact):
-            return Search([Layer("a", "Gemm", 20.0), Layer("b", "Conv", 30.0)], outputs, ref, "float")
-
-        def keep_layers(self, job, artifact, kept):
-            seen.append(("keep", dict(job.options)))
-            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
-
-    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "b")
-    assert chk.verification.passed and art.meta["kept"] == ["b"]
-    assert seen[0] == ("convert", {"lstm": "float"}) and all(o.get("lstm") == "float" for _, o in seen), seen
-    rec = art.meta["mixed_precision"]
-    assert rec["group"]["passed"] is False and rec["group"]["failures"] == ["golden fails"], rec["group"]
-    assert rec["int8_verification_failures"] == ["int8 fails"] and [k["name"] for k in rec["kept"]] == ["b"]
-    assert art.notes[0].startswith("mixed precision: every LSTM float first")
-    from edgekit.report_md import _mixed_precision
-
-    report = "\n".join(_mixed_precision({"mixed_precision": rec}))
-    assert "Built again with every LSTM float" in report and "still failed (golden fails)" in report, report
-    assert "| b | Conv |" in report and report.count("## Mixed precision") == 1, report
-
-
-def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp_path):
-    """Where the first rebuild (the search's own kept set) fails to convert, that set is tried again without its
-    last layer, instead of leaving the plain INT8 build failed untried."""
-    from types import SimpleNamespace
-
-    from edgekit.errors import ConversionError
-    from edgekit.mixed import Layer, Search
-
-    ref, outputs = _noise_model(1, {"a": 1.0, "d": 0.5}, scale=3)  # the search samples need both kept (tol ~0.3)
-
-    tried = []
-
-    class StandInConverter:
-        def mixed_search(self, job, artifact):
-            return Search([Layer("a", "Gemm", 20.0), Layer("d", "Mul", 25.0)], outputs, ref, "float")
-
-        def keep_layers(self, job, artifact, kept):
-            tried.append(list(kept))
-            if "d" in kept:
-                raise ConversionError("/m.onnx: litert-torch could not convert the model (RuntimeError: broadcast)")
-            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
-
-    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "a")
-    assert tried == [["a", "d"], ["a"]] and chk.verification.passed and art.meta["kept"] == ["a"]
-    assert art.meta["mixed_precision"]["unbuildable"] == ["d (litert-torch could not convert the model "
-                                                          "(RuntimeError: broadcast))"]
-
-
 def _depthwise_pt2(tmp_path):
     """A depthwise 3x3 convolution whose channels each hold one large weight: per-channel int8 then rounds the small
     weights coarsely, and on inputs with a non-zero mean that rounding shifts each output channel's mean."""
@@ -394,63 +234,6 @@ def test_a_layer_whose_int8_weights_lose_its_output_is_ranked_first():
         assert by["conv2d"] > 25, by  # the first conv: weights and output quantize well
 
 
-def test_a_spread_error_is_said_and_nothing_is_kept(monkeypatch):
-    """Where the error is spread over the model (PP-OCRv4's detector on android, each further layer +-0.1 dB), the
-    scan stops after the worst-ranked few each gain nothing kept alone, and nothing is kept: before, the greedy step
-    kept layers that changed nothing until its time budget ran out. Here the 16 ranked worst kept together gain
-    2.7 dB, but even half of the layers kept do not pass: two builds more, then the same verdict."""
-    from types import SimpleNamespace
-
-    import numpy as np
-
-    from edgekit.mixed import SPREAD_AFTER, Layer, Search, keep_fewest
-
-    names = [f"l{i}" for i in range(60)]  # each 1/60 of the error: keeping one gains 0.15 dB
-    ref, outputs = _noise_model(0, dict.fromkeys(names, 0.01))
-
-    out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], outputs, ref, "float"),
-                      lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1)
-    assert out.spread and out.kept == [] and not out.passed_search
-    assert len(out.scanned) == SPREAD_AFTER and out.builds == SPREAD_AFTER + 3  # all-INT8, 4 alone, 16, 30
-    # a scan the time budget cuts short (builds of a large model): the layers it measured decide the same way. The
-    # search's clock is a stand-in that each build moves by 0.1 s (no sleeping, no timing on a loaded machine)
-    import edgekit.mixed as mixed
-
-    clock = [0.0]
-
-    def slow(kept):
-        clock[0] += 0.1
-        return outputs(kept)
-
-    monkeypatch.setattr(mixed, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], slow, ref, "float"),
-                      lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1, budget_s=0.7)
-    assert out.spread and out.kept == [] and 2 <= len(out.scanned) < SPREAD_AFTER, len(out.scanned)
-
-
-def test_an_error_spread_over_the_worst_ranked_layers_keeps_the_fewest_of_them():
-    """ddddocr's YOLOX detector on jetson: each of the 4 layers ranked worst gains 0.1 dB kept alone, yet the 16
-    ranked worst together gain 5.8 dB and the 24 ranked worst pass the search checks. The spread verdict kept
-    nothing there (the cell, which had passed, failed); now the fewest layers in rank order that pass are found by
-    bisection. Here the 40 layers ranked worst each carry 1/44 of the error, the other 20 a tenth of that: the
-    checks pass once 25 of the 40 are kept."""
-    import numpy as np
-
-    from edgekit.mixed import Layer, Search, keep_fewest
-
-    heavy = [f"h{i}" for i in range(40)]
-    light = [f"l{i}" for i in range(20)]
-    layers = [Layer(n, "Conv", 20.0 + 0.1 * i) for i, n in enumerate(heavy)] + [Layer(n, "Conv", 40.0) for n in light]
-    ref, outputs = _noise_model(0, {**dict.fromkeys(heavy, 0.01), **dict.fromkeys(light, 0.002)})
-
-    logged = []
-    out = keep_fewest(Search(layers, outputs, ref, "float"),
-                      lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.2, log=logged.append)
-    assert not out.spread and out.passed_search and [k.name for k in out.kept] == heavy[:25], out.kept
-    assert all(lay.gain_db < 0.25 for lay in out.scanned) and out.builds <= 1 + 4 + 2 + 5, out.builds  # bisection
-    assert out.steps[-1]["passed"] and any("ranked worst together" in m for m in logged), logged
-
-
 def test_ios_search_keeps_a_layer_without_calibrating_again():
     """The Core ML W8A8 search calibrates once per observer and keeps a layer fp16 by letting it read its inputs
     and weight in float (``_inputs_float``). That must be the very program a calibration with the layer left
@@ -556,36 +339,6 @@ def test_android_search_reuses_the_calibration_of_every_observer_it_can():
     assert copied == ["conv2d_1", "linear"], copied
 
 
-def test_where_only_the_golden_samples_fail_the_layer_that_gains_most_is_kept(tmp_path):
-    """All-INT8 passes the checks on the calibration samples, and fails on the golden ones (an unsure line the
-    calibration set does not hold). The search cannot see the failure, but it measures which layer's rounding costs
-    the output most; that layer is kept first and the golden samples judge it (before: nothing kept). The report
-    says how the layers were chosen."""
-    from types import SimpleNamespace
-
-    from edgekit.mixed import Layer, Search
-    from edgekit.report_md import _mixed_precision
-
-    # within the search checks (tolerance ~0.35) all-INT8
-    ref, outputs = _noise_model(2, {"a": 0.03, "b": 0.002, "c": 0.0}, scale=3)
-
-    class StandInConverter:
-        def mixed_search(self, job, artifact):
-            return Search([Layer("c", "Conv", 20.0), Layer("b", "Conv", 25.0), Layer("a", "Gemm", 30.0)], outputs,
-                          ref, "float")
-
-        def keep_layers(self, job, artifact, kept):
-            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
-
-    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "a")  # the golden samples need 'a' float
-    rec = art.meta["mixed_precision"]
-    assert chk.verification.passed and art.meta["kept"] == ["a"], art.meta
-    assert rec["shown"] is False and [k["name"] for k in rec["kept"]] == ["a"] and rec["passed_after"]
-    assert "kept by the output SNR gained there" in art.notes[0]
-    text = "\n".join(_mixed_precision({"mixed_precision": rec}))
-    assert "layers were kept by the output SNR they gain there" in text and "**passed**" in text
-
-
 def _cancelling_pt2(tmp_path):
     """conv1 writes a feature twice, the copy with a few weights moved by 1% of the largest (which fixes each
     channel's int8 scale, so both get the same), and a small third channel; conv2 (weights 1, -1 and 2/127: exact
@@ -620,7 +373,7 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
 
     import onnx
 
-    from edgekit import mixed
+    import edgekit.mixed.fallback as mixed
     from edgekit.converters.tensorrt import search as trt_search
     from edgekit.converters.tensorrt.calibration import calibrated_ranges as _ranges
     from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS
@@ -628,7 +381,7 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
     from edgekit.converters.tensorrt.qdq import run_model as _run
     from edgekit.converters.tensorrt.qdq import write_qdq as _qdq
     from edgekit.converters.tensorrt.search import _isolated_snr
-    from edgekit.mixed import output_snr_db
+    from edgekit.mixed.search import output_snr_db
 
     x = _cancelling_pt2(tmp_path)
     ranks: dict[str, dict[str, float]] = {}
@@ -667,41 +420,6 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
         assert abs(alone[n] - output_snr_db(ref, _run(tmp_path / "one.onnx", search))) < 0.01, (n, alone)
     everything = output_snr_db(ref, _run(tmp_path / "all.onnx", search))
     assert alone[conv1] < 25 and everything <= min(alone.values()) + 1, (alone, everything)
-
-
-def test_a_search_ranked_at_the_output_keeps_the_fewest_ranked_worst_together():
-    """Where the ranking measures each layer's rounding at the output (jetson), the fewest layers ranked worst that
-    pass together are kept, not the ones that gain most kept alone: a layer kept float passes on the noise before
-    it, which the next INT8 layer's rounding partly snaps back. The stand-in: five layers in a chain, each INT8 one
-    halving the error before it and adding its own; 'e', last, gains most kept alone. ppocr-cls jetson on 1000
-    held-out lines: the 8 ranked worst, 97.4% agreement; the 8 kept by gain, 95.8%."""
-    import numpy as np
-
-    from edgekit.mixed import Layer, Search, keep_fewest
-
-    order, own = "abcde", {"a": 0.3, "b": 0.3, "c": 0.005, "d": 0.005, "e": 0.09}
-    ref = [np.random.default_rng(0).normal(size=(16, 10))]
-
-    def outputs(kept):
-        err = 0.0
-        for n in order:
-            err = err if n in kept else 0.5 * err + own[n]
-        return [ref[0] + err * np.sign(ref[0])]
-
-    def passes(got):
-        return float(np.max(np.abs(got[0] - ref[0]))) < 0.1
-
-    def search(by_rank):  # ranked by each layer's own noise at the output
-        return Search([Layer(n, "Conv", round(-20 * np.log10(own[n]), 2)) for n in order], outputs, ref, "float",
-                      by_rank=by_rank)
-
-    greedy = keep_fewest(search(False), passes)
-    assert [k.name for k in greedy.kept] == ["e", "a"] and not greedy.in_rank_order  # 'e' gains most alone
-    assert max(greedy.scanned, key=lambda x: x.gain_db).name == "e"
-    logged = []
-    out = keep_fewest(search(True), passes, log=logged.append)
-    assert [k.name for k in out.kept] == ["a", "b"] and out.passed_search and out.in_rank_order, out
-    assert any("ranked worst together pass" in m for m in logged), logged
 
 
 def _spread_channels_pt2(tmp_path):

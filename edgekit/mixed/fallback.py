@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.converters.capabilities import (ACTIVATIONS16, GROUP, LAYERS, UNSEARCHABLE, Activations16, LayerSearch,
+                                             Unsearchable, offered)
 from edgekit.errors import ConversionError, UnsupportedOpError
 from edgekit.mixed.search import (
     A16_SEARCH_BUDGET_S,
@@ -29,38 +31,45 @@ def _first(failures: list[str]) -> str:
 
 
 def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
-             reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
-             extra_steps: int = 4) -> tuple[Any, Any]:
-    """An INT8 build failed verification (``checked``): where the converter offers a group of layers to keep first
-    (``conv.float_group``: android's LSTMs written out in int8), the build again with that group at higher
-    precision, re-verified; where it (or there is no group) still fails, the layer search on that build; where
-    that still fails and the converter offers 16-bit activations (``conv.activations16``: android's 16x8), the
-    build again with every activation int16, re-verified, and where that fails, the same layer search on the 16x8
-    build (``conv.a16_search``). Returns the new (artifact, checked); the artifact's meta gets ``mixed_precision``
-    (with ``group``: the first step, ``activations16``: the last) and its notes one line per kept layer."""
-    artifact, checked = _fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
-    if checked.verification.passed or not hasattr(conv, "activations16"):
+             reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None], *,
+             offers: frozenset[str], extra_steps: int = 4) -> tuple[Any, Any]:
+    """An INT8 build failed verification (``checked``); ``offers``: the mixed-precision capabilities the
+    registry declares for ``conv`` (``ConverterInfo.mixed``, :mod:`edgekit.converters.capabilities`). Where it
+    offers a group of layers to keep first (``group``: android's LSTMs written out in int8), the build again with
+    that group at higher precision, re-verified; where it (or there is no group) still fails, the layer search on
+    that build (``layers``); where that still fails and it offers 16-bit activations (``activations16``:
+    android's 16x8), the build again with every activation int16, re-verified, and where that fails, the same
+    layer search on the 16x8 build. Returns the new (artifact, checked); the artifact's meta gets
+    ``mixed_precision`` (with ``group``: the first step, ``activations16``: the last) and its notes one line per
+    kept layer."""
+    layers = offered(conv, offers, LAYERS)
+    if layers is None:  # nothing to search: the build stays as verified
         return artifact, checked
-    return _activations16(job, conv, artifact, checked, kinds, tol, reverify, log, warn)
+    artifact, checked = _fallback(job, conv, offers, artifact, checked, kinds, tol, reverify, log, warn,
+                                  extra_steps)
+    wide = offered(conv, offers, ACTIVATIONS16)
+    if checked.verification.passed or wide is None:
+        return artifact, checked
+    return _activations16(job, wide, artifact, checked, kinds, tol, reverify, log, warn)
 
 
 class _A16Layers:
-    """A converter's 16x8 layer search in the shape ``_layer_fallback`` takes: its search and its rebuild with the
-    kept ops float are the 16x8 ones."""
+    """A converter's 16x8 layer search as a :class:`LayerSearch` (what ``_layer_fallback`` takes): its search and
+    its rebuild with the kept ops float are the 16x8 ones."""
 
-    def __init__(self, conv: Any) -> None:
+    def __init__(self, conv: Activations16) -> None:
         self.mixed_search = conv.a16_search
         self.keep_layers = conv.a16_keep
 
 
-def _a16_layer_search(job: Any, conv: Any, wide: Any, again: Any, kinds: dict[str, str], tol: Any,
+def _a16_layer_search(job: Any, conv: Activations16, wide: Any, again: Any, kinds: dict[str, str], tol: Any,
                       reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
                       ) -> tuple[Any, Any, dict[str, Any]]:
     """The 16x8 build failed verification too: the ops whose rounding causes it kept float in it (the same
     keep-fewest search as INT8's). Returns the (artifact, checked) it ends with and its record."""
     log(f"16x8 fails verification too ({_first(again.verification.failures)}): searching its ops to keep float")
     try:
-        art, chk = _layer_fallback(job, _A16Layers(conv), wide, again, kinds, tol, reverify, log, warn, 4,
+        art, chk = _layer_fallback(job, _A16Layers(conv), None, wide, again, kinds, tol, reverify, log, warn, 4,
                                    label="the 16x8 build", plot_name=PLOT16, budget_s=A16_SEARCH_BUDGET_S)
     except (ConversionError, UnsupportedOpError) as exc:  # a search build ai-edge-quantizer could not write
         why = str(exc).split(": ", 1)[-1][:300]
@@ -68,7 +77,7 @@ def _a16_layer_search(job: Any, conv: Any, wide: Any, again: Any, kinds: dict[st
     return art, chk, art.meta.pop("mixed_precision", {})
 
 
-def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
+def _activations16(job: Any, conv: Activations16, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
                    reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
                    ) -> tuple[Any, Any]:
     """The last step: every activation int16, weights int8 (TFLite's 16x8), and where that fails, its layer
@@ -97,7 +106,7 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict
     again = reverify(wide)
     t_verify = time.perf_counter() - t_verify
     searched = None
-    if not again.verification.passed and hasattr(conv, "a16_search"):
+    if not again.verification.passed:
         if t_verify <= A16_SEARCH_MAX_VERIFY_S:
             wide, again, searched = _a16_layer_search(job, conv, wide, again, kinds, tol, reverify, log, warn)
         else:
@@ -143,12 +152,16 @@ def _activations16(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict
     return wide, again
 
 
-def _fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
-              reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checked: Any, kinds: dict[str, str],
+              tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
               extra_steps: int = 4) -> tuple[Any, Any]:
-    group = conv.float_group(job, artifact) if hasattr(conv, "float_group") else None
+    """The group first (where offered and it applies), then the layer search on the build that still fails."""
+    layers, unsearchable = offered(conv, offers, LAYERS), offered(conv, offers, UNSEARCHABLE)
+    first = offered(conv, offers, GROUP)
+    group = first.float_group(job, artifact) if first is not None else None
     if group is None:
-        return _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+        return _layer_fallback(job, layers, unsearchable, artifact, checked, kinds, tol, reverify, log, warn,
+                               extra_steps)
     options, what = group
     before = list(checked.verification.failures)
     warn(f"INT8 failed verification ({_first(before)}): building it again with {what} first (--strict fails "
@@ -167,23 +180,25 @@ def _fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str,
                                  "re-verification passed")
         return artifact, checked
     log(f"with {what}: verification still fails ({v.failures[0]}); searching its layers")
-    artifact, checked = _layer_fallback(job, conv, artifact, checked, kinds, tol, reverify, log, warn, extra_steps)
+    artifact, checked = _layer_fallback(job, layers, unsearchable, artifact, checked, kinds, tol, reverify, log,
+                                        warn, extra_steps)
     artifact.meta["mixed_precision"].update(group=step, int8_verification_failures=before)
     artifact.notes.insert(0, f"mixed precision: {what} first (verification still failed: {v.failures[0]})")
     return artifact, checked
 
 
-def _layer_fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
-                    reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
-                    extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT, budget_s: float = 300.0
-                    ) -> tuple[Any, Any]:
+def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | None, artifact: Any, checked: Any,
+                    kinds: dict[str, str], tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None],
+                    warn: Callable[[str], None], extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT,
+                    budget_s: float = 300.0) -> tuple[Any, Any]:
     """The layer search: search, rebuild with the kept layers (``conv.keep_layers``), re-verify with
-    ``reverify(artifact)``. ``label``: the build searched, as the messages name it."""
+    ``reverify(artifact)``; not run where ``unsearchable`` says this job's build path keeps no chosen layer.
+    ``label``: the build searched, as the messages name it."""
     from edgekit.verify import output_checks
 
     smoke = output_checks()
     before = list(checked.verification.failures)
-    why = conv.mixed_unavailable(job) if hasattr(conv, "mixed_unavailable") else None
+    why = unsearchable.mixed_unavailable(job) if unsearchable is not None else None
     if why:  # this build's path has no per-layer control: say so, the build stays failed
         msg = f"mixed precision not searched: {why}"
         warn(msg)
