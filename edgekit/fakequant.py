@@ -229,7 +229,8 @@ def insert_fake_quant(gm, symmetric: bool, inputs_only: bool = False) -> tuple[i
                     n_a += 1
                 node.replace_input_with(x, made[x])
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in (aten.conv2d.default, aten.linear.default, aten.conv1d.default):
+        if node.op == "call_function" and node.target in (aten.conv2d.default, aten.linear.default,
+                                                          aten.conv1d.default):
             w = node.args[1]
             if isinstance(w, torch.fx.Node) and w.op == "get_attr":
                 name = f"fq_w{n_w}"

@@ -21,8 +21,15 @@ import numpy as np
 
 from edgekit.data import Dataset
 from edgekit.deps import require
-from edgekit.fakequant import (SYMMETRIC_ACTS, act_fqs, fold_batch_norms, graph_module, insert_fake_quant, set_mode,
-                               uncapture)
+from edgekit.fakequant import (
+    SYMMETRIC_ACTS,
+    act_fqs,
+    fold_batch_norms,
+    graph_module,
+    insert_fake_quant,
+    set_mode,
+    uncapture,
+)
 from edgekit.fsutil import sha256_file
 from edgekit.ingest import KERAS_SUFFIXES, Model, load_model
 

@@ -359,8 +359,9 @@ def test_finetune_takes_a_keras_model_through_onnx_and_convert_measures_it_again
     """A Keras model has no trainable graph in TensorFlow here: finetune writes it to ONNX (tf2onnx, checked against
     TensorFlow), rebuilds it in torch (onnx2torch) and trains that; the output is a .pt2 with the Keras model's NHWC
     input. Its android INT8 build is then measured against the .keras file itself (read in Keras' safe mode)."""
-    from edgekit.finetune import finetune, read_record
+    from edgekit.finetune import finetune
     from edgekit.ingest import load_model
+    from edgekit.lineage import read_record
 
     res = finetune(str(kd["keras"]), kd["calib"], tmp_path / "ft.pt2", target="android", epochs=4)
     assert res.loss_after < res.loss_before

@@ -14,7 +14,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from edgekit.errors import InputSpecError, OutputError  # noqa: E402
-from edgekit.finetune import finetune, read_record  # noqa: E402
+from edgekit.finetune import finetune  # noqa: E402
+from edgekit.lineage import read_record  # noqa: E402
 
 EPOCHS = 10
 
@@ -236,7 +237,9 @@ def test_fixed_batch_graph_and_regression_output(tmp_path):
     before the classifier) it is rewritten to follow the batch, checked against one sample at a time, and whole
     batches train; where the batch is mixed in (a transpose first) the graph runs sample by sample inside each
     batch, with the same result. A one-column output is a regression output (MSE)."""
-    from edgekit.finetune import _batch_chunk, _free_batch, _graph_module
+    from edgekit.fakequant import graph_module as _graph_module
+    from edgekit.finetune.batching import batch_chunk as _batch_chunk
+    from edgekit.finetune.batching import free_batch as _free_batch
 
     class Fixed(torch.nn.Module):
         def __init__(self, mixed: bool) -> None:
@@ -280,7 +283,7 @@ def test_probability_outputs_are_distilled_on_their_logs_per_position(digits, tm
     over each row's C classes, not over the flattened T x C."""
     import plan_nets  # tests/support: the digits example as an nn.Module
 
-    from edgekit.finetune import _loss
+    from edgekit.finetune.losses import distill_loss as _loss
 
     g = torch.Generator().manual_seed(0)
     zs, zt = torch.randn(8, 10, generator=g) * 3, torch.randn(8, 10, generator=g) * 3
@@ -314,7 +317,7 @@ def test_class_loss_mse_weighs_the_near_ties(digits, tmp_path):
     softmax ends the graph). Per row, its gradient carries p(1 - p): with the same logit error, a near-tie row
     pulls the student thousands of times harder than a confident row, where the KL at T=4 pulls both about alike.
     The choice is recorded, checked before any work, and the loss falls on the digits CNN (at a smaller lr)."""
-    from edgekit.finetune import _loss
+    from edgekit.finetune.losses import distill_loss as _loss
 
     zs, zt = torch.tensor([[6.5, 0.0], [0.5, 0.0]]), torch.tensor([[6.0, 0.0], [0.0, 0.0]])  # confident, near tie
     on_logits = float(_loss([zs], [zt], ["class"], 4.0, class_loss="mse"))
@@ -385,7 +388,7 @@ def test_a_crafted_record_reads_no_other_file_and_breaks_nothing(digits, tuned, 
     wrong type, a sha256 that is a number): convert measures nothing against it, says why, and the build stands."""
     import zipfile
 
-    from edgekit.finetune import RECORD
+    from edgekit.lineage import RECORD
     from edgekit.pipeline import convert
 
     secret = tmp_path / "secret.txt"
@@ -422,8 +425,8 @@ def test_holdout_keeps_samples_out_of_training_and_measures_them(digits, tmp_pat
     assert held["loss_before"] > 0 and held["loss_after"] > 0
     # the held-out samples are the ones convert finds unseen: checked on exactly them
     from edgekit.data import Dataset
-    from edgekit.finetune import sample_digests
     from edgekit.ingest import load_model
+    from edgekit.lineage import sample_digests
 
     m = load_model(digits["model"])
     x = np.load(digits["calib"])["image"]
@@ -523,7 +526,7 @@ def test_crafted_student_ranges_are_refused_and_the_build_calibrates(digits, tun
     against the model's own weights."""
     import zipfile
 
-    from edgekit.finetune import RECORD
+    from edgekit.lineage import RECORD
     from edgekit.pipeline import convert
 
     for i, bad in enumerate(([["a", 1.0]] * 5, [[float("nan"), 1.0]] * 5, [[-1.0, 1.0]] * 9)):
