@@ -77,3 +77,31 @@ def test_unknown_and_bad_options_are_refused_before_work(name, tmp_path):
         convert(MLP, target=tgt.name, out=tmp_path / "o", precision=tgt.precisions[0], calib=str(CALIB),
                 options={"allow_float_fallback": "maybe"})
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("name", sorted(CONVERTERS))
+def test_each_declared_mixed_precision_capability_is_implemented(name):
+    """What the registry declares a converter offers mixed precision (ConverterInfo.mixed) is what the pipeline's
+    mixed stage calls: the converter implements every method of each declared capability's protocol."""
+    import importlib
+
+    from edgekit.converters.capabilities import PROTOCOLS, methods
+
+    info = converter_info(name)
+    assert info.mixed <= set(PROTOCOLS), f"{name}: unknown capabilities {sorted(info.mixed - set(PROTOCOLS))}"
+    conv = importlib.import_module(info.module).CONVERTER
+    for capability in sorted(info.mixed):
+        for method in methods(capability):
+            assert callable(getattr(type(conv), method, None)), f"{name} declares {capability!r} but has no {method}"
+    assert callable(getattr(type(conv), "versions", None)), f"{name}: no versions() (the Converter protocol)"
+
+
+def test_no_capability_is_found_by_hasattr():
+    """Capabilities are declared in the registry, never probed on the converter object."""
+    import re
+
+    probe = re.compile(r"hasattr\(\s*(conv|converter)\b")
+    files = [p for folder in ("edgekit", "converters") for p in sorted((ROOT / folder).rglob("*.py"))]
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in files
+             for i, line in enumerate(p.read_text().splitlines(), 1) if probe.search(line)]
+    assert not found, f"hasattr probes of a converter: {found}"
