@@ -16,9 +16,9 @@ from edgekit.data import Dataset
 from edgekit.deps import require
 from edgekit.errors import InputSpecError
 from edgekit.fakequant import TARGETS, capture, set_mode, uncapture
-from edgekit.finetune import launch
 from edgekit.finetune.checkpoint import check_out, check_resume, load_checkpoint, restore, save_checkpoint, write_model
 from edgekit.finetune.data import output_kinds, prepare, tensors
+from edgekit.finetune.launch import Launch, barrier, ddp, dist_setup, mean_over_ranks, teardown
 from edgekit.finetune.losses import CLASS_LOSSES, Distill, loss_text
 from edgekit.finetune.result import FinetuneResult, make_record
 from edgekit.finetune.student import build_student
@@ -78,7 +78,7 @@ def finetune(
     ckpt_dir = Path(os.path.abspath(checkpoint_dir)) if checkpoint_dir else out.with_name(out.name + ".ckpt")
     state = load_checkpoint(Path(resume)) if resume is not None else None
 
-    run = launch.dist_setup(device)
+    run = dist_setup(device)
     world, dev = run.world, run.device
     if batch_size % world:
         raise InputSpecError(f"--batch-size {batch_size} is the global batch; it must split evenly over the "
@@ -116,7 +116,7 @@ def finetune(
         if state is not None:
             step = restore(state, student, opt.opt, opt.sched, opt.scaler)
             log(f"resumed {resume} at step {step} of {total}")
-        train = launch.ddp(student, run)
+        train = ddp(student, run)
 
         # the loop
         distill = Distill(rd.kinds, temperature, feature_weight, class_loss)
@@ -145,12 +145,12 @@ def finetune(
             **recipe, "steps": total, "world_size": world, "amp": opt.amp_kind, "output_kinds": rd.kinds_by_name,
             "loss": loss_text(class_loss, temperature, feature_weight, probs)}, student, built, before, after, held)
         written = write_model(student.net, m, out, record) if run.rank == 0 else None
-        launch.barrier(run)
+        barrier(run)
         return FinetuneResult(written, total, epochs, world, opt.amp_kind, before[0], after[0], before[1], after[1],
                               seconds, seconds * steps_per_epoch / trained if trained else 0.0, checkpoints, record,
                               held)
     finally:
-        launch.teardown(run)
+        teardown(run)
 
 
 def _check_options(target: str, epochs: int, batch_size: int, checkpoint_every: int, lr: float, temperature: float,
@@ -207,7 +207,7 @@ class _Loop:
     xs: list[Any]
     distill: Distill
     opt: _Optimizer
-    ranks: launch.Launch
+    ranks: Launch
     seed: int
     per_rank: int  # samples per process and step
     steps_per_epoch: int
@@ -250,7 +250,7 @@ class _Loop:
                 o.sched.step()
                 step += 1
                 trained += 1
-                shown = launch.mean_over_ranks(loss.detach().float(), run)
+                shown = mean_over_ranks(loss.detach().float(), run)
                 if run.rank == 0 and self.on_step is not None:
                     self.on_step(step, self.total, float(shown))
                 if run.rank == 0 and ((self.checkpoint_every and step % self.checkpoint_every == 0)
