@@ -59,11 +59,23 @@ from typing import Any
 
 import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_firmware
+from edgekit.converters.common.fxrecord import record_quantized
+from edgekit.converters.common.pt2e import (
+    SEARCH_CALIB,
+    calibrated,
+    choose_observer,
+    explain_export_failure,
+    exported_module,
+    observer_outputs,
+    torch_module,
+    torch_run,
+    weight_scale_floor_off,
+)
 
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError, InputSpecError
-from edgekit.mixed import A16_SEARCH_RUN_S, Layer, Search, keep_layers, output_snr_db, search_feeds
-from edgekit.mixed import db as mixed_db
+from edgekit.mixed.search import A16_SEARCH_RUN_S, Layer, Search, keep_layers, output_snr_db, search_feeds
+from edgekit.mixed.search import db as mixed_db
 from edgekit.quiet import quiet_python
 from edgekit.tf_graph import tf_convert
 from edgekit.tflite_graph import TFLiteGraph, text
@@ -100,11 +112,6 @@ def _litert_torch():
 
 
 # ---------------------------------------------------------------- PT2E quantizer
-
-
-SEARCH_CALIB = 64  # calibration samples of each build the observer choice and the mixed-precision search make
-# activation observers ``--option calibration=`` chooses from (``auto``: each is measured on the model)
-OBSERVERS = ("histogram", "minmax")
 
 
 def _quantizer(dynamic: bool, observer: str = "histogram", keep: tuple[str, ...] = ()):
@@ -190,25 +197,6 @@ def _quantizer(dynamic: bool, observer: str = "histogram", keep: tuple[str, ...]
         act = dataclasses.replace(act, observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12))
         cfg = dataclasses.replace(cfg, input_activation=act, output_activation=act)
     return EdgekitPT2EQuantizer().set_global(cfg)
-
-
-def weight_scale_floor_off(cfg):
-    """litert-torch's config gives its per-channel weight observer ``eps=2**-12``: no weight scale below 2.4e-4,
-    so a row of weights whose largest is under 0.031 loses resolution and one under 1.2e-4 rounds to 0 and +-1.
-    Weights that small are common after folding a BatchNorm: PP-OCRv4's detector head (rows of 7e-5 to 2e-4,
-    reading an FPN concat of +-1800) came out at 1.2 dB; per-channel int8 without the floor keeps it at 47 dB and
-    its mask IoU at 0.999. TFLite stores each channel's scale as a float32 and has no such floor: the weights get
-    the observer's own default eps (float32's, 1.2e-7)."""
-    import dataclasses
-
-    torch = require("torch")
-    from torchao.quantization.pt2e import PerChannelMinMaxObserver
-
-    w = cfg.weight
-    if w is None or w.qscheme != torch.per_channel_symmetric:
-        return cfg
-    ctr = PerChannelMinMaxObserver.with_args(eps=torch.finfo(torch.float32).eps)
-    return dataclasses.replace(cfg, weight=dataclasses.replace(w, observer_or_fake_quant_ctr=ctr))
 
 
 def _blank(n) -> bool:
@@ -455,7 +443,7 @@ class TFLiteConverter:
             return tf_convert(m, dest, "fp32", None, job.work_dir, log=job.log)
         torch = require("torch")
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-        edge = self._lower(_litert_torch(), self._module(job), sample, layout, None, m)
+        edge = self._lower(_litert_torch(), torch_module(job), sample, layout, None, m)
         with quiet_python():
             edge.export(str(dest))
         return {"tool": "litert-torch", "weights": "fp32", "activations": "fp32", "io": "float32"}
@@ -469,7 +457,7 @@ class TFLiteConverter:
             self._float_tflite(job, job.work_dir / "float.tflite", layout)
             return self._fp16(job.work_dir / "float.tflite", dest)
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-        module = self._module(job)
+        module = torch_module(job)
         info, edge = self._pt2e(job, lt, module, sample, layout, dynamic=job.precision != "int8")
         with quiet_python():
             edge.export(str(dest))
@@ -664,12 +652,6 @@ class TFLiteConverter:
 
     # -- steps
 
-    def _module(self, job: ConvertJob):
-        m = job.model
-        if m.exported is not None:
-            return m.exported.module()
-        return m.torch_module
-
     def _lower(self, lt, module, sample, layout, quant_config, m):
         if layout == "nhwc":
             idx_in = [i for i, s in enumerate(m.inputs) if len(s.shape) == 4]
@@ -680,7 +662,7 @@ class TFLiteConverter:
             with quiet_python():
                 return lt.convert(module, sample, quant_config=quant_config)
         except Exception as exc:  # torch.export / lowering raise many types
-            raise ConversionError(_explain_export_failure(exc, m.source)) from None
+            raise ConversionError(explain_export_failure(exc, m.source)) from None
 
     def _fp16(self, src: Path, dest: Path) -> dict[str, Any]:
         aq = require("ai_edge_quantizer.quantizer", EXTRA)
@@ -710,11 +692,13 @@ class TFLiteConverter:
         qc = require("litert_torch.quantize.quant_config", EXTRA)
         m = job.model
         found: dict[str, int] = {}
-        module = self._exported(job, module, sample, unroll_lstm=not dynamic and not _lstm_float(job), found=found)
+        module = exported_module(job, module, sample, unroll_lstm=not dynamic and not _lstm_float(job), found=found)
         keep = tuple(job.options.get("keep_float_nodes") or ())
-        chosen, measured = ("histogram", {}) if dynamic else self._observer(job, module, sample, keep)
+        chosen, measured = ("histogram", {}) if dynamic else choose_observer(
+            job, module, sample, lambda obs: _quantizer(False, obs, keep))
         with job.substep("calibration"):
-            converted, q, n_batches = self._calibrated(job, module, sample, dynamic, chosen, keep)
+            converted, q, n_batches = calibrated(job, module, sample, chosen,
+                                                 lambda obs: _quantizer(dynamic, obs, keep), dynamic=dynamic)
         with job.substep("TFLite lowering"):
             edge = self._lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
         info: dict[str, Any] = {
@@ -744,95 +728,6 @@ class TFLiteConverter:
                     "ReLU, PReLU, x**2, division by a sqrt or a constant)")
         return info, edge
 
-    def _exported(self, job: ConvertJob, module, sample, unroll_lstm: bool = False, found: dict | None = None):
-        """The torch.export program PT2E quantizes. ``unroll_lstm``: each ``aten.lstm`` written out step by step
-        (torch's own decomposition: one linear for the input projection, then per step a linear of h, the
-        gates' sigmoid / tanh, mul and add), which the int8 annotators cover: TFLite then runs the LSTM as
-        int8 FULLY_CONNECTED / LOGISTIC / TANH / MUL / ADD (android int8; PT2E has no LSTM annotation).
-        ``found``: gets ``lstms``, the number of LSTMs written out."""
-        torch = require("torch")
-        ep = job.model.exported
-        if ep is None:
-            try:
-                ep = torch.export.export(module, sample)
-            except Exception as exc:
-                raise ConversionError(_explain_export_failure(exc, job.model.source)) from None
-        elif not unroll_lstm:
-            return module
-        lstm = torch.ops.aten.lstm.input
-        lstms = sum(1 for n in ep.graph.nodes if n.target == lstm) if unroll_lstm else 0
-        if found is not None:
-            found["lstms"] = lstms
-        if lstms:
-            from torch._decomp import get_decompositions
-
-            with quiet_python():
-                ep = ep.run_decompositions(get_decompositions([lstm]))
-            job.log("LSTM written out step by step for int8 (torch's decomposition): "
-                    "FULLY_CONNECTED, LOGISTIC, TANH, MUL, ADD per time step")
-        return ep.module()
-
-    def _observer(self, job: ConvertJob, module, sample, keep: tuple[str, ...],
-                  quantizer_for: Callable[[str], Any] | None = None) -> tuple[str, dict[str, float]]:
-        """The activation observer and what chose it: ``--option calibration`` as given, else each of OBSERVERS'
-        fake-quant programs measured against float (output SNR) on calibration samples, the best taken.
-        ``quantizer_for(observer)`` builds another PT2E quantizer (Core ML W8A8's) than android's."""
-        asked = job.options.get("calibration") or "auto"
-        if asked != "auto":
-            return asked, {}
-        m = job.model
-        search = search_feeds(job)
-        ref = _torch_run(module, search, m)
-        measured: dict[str, float] = {}
-        for name in OBSERVERS:
-            with job.substep(f"observer ({name})"):
-                conv, _, _ = self._calibrated(job, module, sample, False, name, keep, SEARCH_CALIB, quantizer_for)
-            measured[name] = round(output_snr_db(ref, _torch_run(conv, search, m)), 2)
-        chosen = max(measured, key=lambda k: measured[k])
-        job.log("activation observer by measurement (output SNR against float on "
-                f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
-                + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
-        return chosen, measured
-
-    def _calibrated(self, job: ConvertJob, module, sample, dynamic: bool, observer: str, keep: tuple[str, ...],
-                    limit: int | None = None, quantizer_for: Callable[[str], Any] | None = None,
-                    fold: bool = False, stats: dict[str, Any] | None = None):
-        """prepare_pt2e -> calibrate on --calib (its first ``limit`` samples: the searches) -> convert_pt2e: the
-        fake-quant program (runs in torch). ``quantizer_for(observer)``: another quantizer than android's;
-        ``fold``: weights as int8 constants (what coremltools reads) instead of quantize ops. ``stats``: the
-        mixed search's store, {observer: a calibrated prepared program}: the first call of an observer keeps its
-        calibration there, and a later one (another kept set) takes its observers' statistics from it instead of
-        calibrating again, wherever each observer watches the same tensors (observers see float values, so the
-        statistics are the same); where one does not, it calibrates."""
-        import copy
-
-        torch = require("torch")
-        from torchao.quantization.pt2e import quantize_pt2e
-
-        m = job.model
-        q = quantizer_for(observer) if quantizer_for is not None else _quantizer(dynamic, observer, keep)
-        n_batches = 0
-        with quiet_python():
-            prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
-            known = stats.get(observer) if stats is not None else None
-            copied = known is not None and _copy_observers(known[0], prepared)
-            if copied:
-                n_batches = known[1]
-            with torch.no_grad():
-                if dynamic:
-                    prepared(*sample)
-                elif not copied:
-                    assert job.calib is not None  # the pipeline refuses int8 without --calib
-                    for feed in job.calib.batches(m, limit):
-                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
-                        n_batches += 1
-            if stats is not None and known is None and not dynamic:
-                stats[observer] = (copy.deepcopy(prepared), n_batches)
-            converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
-        if not dynamic and n_batches == 0:
-            raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
-        return converted, q, n_batches
-
     @staticmethod
     def mixed_unavailable(job: ConvertJob) -> str | None:
         if wide_activations(job):
@@ -851,18 +746,19 @@ class TFLiteConverter:
         torch = require("torch")
         m = job.model
         sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-        module = self._exported(job, self._module(job), sample, unroll_lstm=not _lstm_float(job))
+        module = exported_module(job, torch_module(job), sample, unroll_lstm=not _lstm_float(job))
         method = artifact.meta["quantization"]["calibration_method"]
         base = tuple(job.options.get("keep_float_nodes") or ())
         search = search_feeds(job)
         stats: dict[str, Any] = {}  # observer -> its calibration with no layer kept, reused by every kept set
-        conv, _, _ = self._calibrated(job, module, sample, False, method, base, SEARCH_CALIB, stats=stats)
+        conv, _, _ = calibrated(job, module, sample, method, lambda obs: _quantizer(False, obs, base),
+                                limit=SEARCH_CALIB, stats=stats)
         layers = _local_sqnr(conv, search[:8], m)
-        ref = _torch_run(module, search, m)
+        ref = torch_run(module, search, m)
 
         def build(kept: list[str], observer: str):
-            return self._calibrated(job, module, sample, False, observer, base + tuple(kept), SEARCH_CALIB,
-                                    stats=stats)[0]
+            return calibrated(job, module, sample, observer, lambda obs: _quantizer(False, obs, base + tuple(kept)),
+                              limit=SEARCH_CALIB, stats=stats)[0]
 
         outputs, calibration_for = observer_outputs(build, job, method, ref, search)
         return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)",
@@ -987,45 +883,13 @@ class TFLiteConverter:
                                   "torchao")
 
 
-def _torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray]:
-    """``module`` on every feed, merged as verification merges (edgekit.verify.run_all)."""
-    torch = require("torch")
-    from edgekit.verify import run_all
-
-    def one(f: dict[str, np.ndarray]) -> list[np.ndarray]:
-        with torch.no_grad():
-            o = module(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
-        return [t.detach().numpy() for t in (o if isinstance(o, (tuple, list)) else (o,))]
-
-    return run_all(one, feeds)
-
-
 def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]:
     """Each quantized compute node of the fake-quant program with the SQNR of its own output's INT8
     quantize/dequantize (the activation before and after, on the same run) and, for a conv / linear, of its int8
     weights at its output (the lower of the two)."""
-    torch = require("torch")
     g = converted.graph
-    qops = {"quantize_per_tensor", "quantize_per_tensor.default", "quantize_per_tensor.tensor"}
     compute = ("conv", "linear", "add", "mul", "cat", "matmul", "bmm", "mean", "pool", "hardtanh", "relu")
-    seen: dict[str, list[tuple]] = {}
-    weights: dict[str, list[float]] = {}
-
-    class Rec(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            if (n.op == "call_function" and any(q in str(n.target) for q in qops)
-                    and isinstance(n.args[0], torch.fx.Node)):
-                x, scale, zp, lo, hi = (self.env[n.args[0]], *[self.env[a] if isinstance(a, torch.fx.Node) else a
-                                                                 for a in n.args[1:5]])
-                deq = (torch.clamp(torch.round(x / scale) + zp, lo, hi) - zp) * scale
-                seen.setdefault(n.args[0].name, []).append((x.detach().numpy(), deq.detach().numpy()))
-            _weight_noise(self, n, out, weights)
-            return out
-
-    with torch.no_grad():
-        for f in feeds:
-            Rec(converted).run(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
+    seen, weights = record_quantized(converted, feeds, m, skip_dequantize=False)
     layers = []
     for n in g.nodes:
         if n.op != "call_function" or not any(c in str(n.target) for c in compute) or (
@@ -1043,90 +907,6 @@ def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]
         op = str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target)
         layers.append(Layer(n.name, f"{op}{' ' + where if where else ''}", round(db, 2)))
     return layers
-
-
-def _observer_sites(prepared) -> dict[tuple[str, frozenset[str]], Any]:
-    """The observers of a prepared program by (class, the nodes whose values each watches): one observer object
-    may sit at several places (a spec shared across a concat), under several names."""
-    sites: dict[int, set[str]] = {}
-    objs: dict[int, Any] = {}
-    for n in prepared.graph.nodes:
-        if n.op == "call_module" and "activation_post_process" in str(n.target) and n.args:
-            obs = getattr(prepared, n.target)
-            objs[id(obs)] = obs
-            sites.setdefault(id(obs), set()).add(getattr(n.args[0], "name", str(n.args[0])))
-    return {(type(objs[k]).__name__, frozenset(v)): objs[k] for k, v in sites.items()}
-
-
-def _copy_observers(src, dst) -> bool:
-    """``dst``'s observers take the statistics of ``src``'s observers that watch the same nodes (a calibration of
-    the same program with other layers kept float); False, and nothing copied, where one of them has no match (a
-    kept layer changed what an observer watches: a spec shared across it)."""
-    have, want = _observer_sites(src), _observer_sites(dst)
-    if not want or any(key not in have for key in want):
-        return False
-    for key, obs in want.items():
-        obs.load_state_dict(have[key].state_dict())
-    return True
-
-
-def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, first: str, ref, search):
-    """The mixed search's ``outputs(kept)`` and ``calibration_for(kept)``: ``build(kept, observer)`` is the
-    fake-quant program; each kept set is calibrated with every observer and the one closest to float (output SNR)
-    is used, unless the user chose the observer (``--option calibration``: then only ``first``, and
-    ``calibration_for`` is None). The first build chose its observer all-INT8, where one broken layer can hide the
-    difference: PP-OCRv4's detector measured 0.0 dB with both; with its head conv kept float, min-max gives 11.5 dB
-    and mask IoU 0.92, the histogram's range 8.9 dB and 0.86."""
-    measure = job.options.get("calibration") in (None, "auto")
-    observers = OBSERVERS if measure else (first,)
-    m = job.model
-    best: dict[tuple[str, ...], str] = {}
-
-    def outputs(kept: list[str]) -> list[np.ndarray]:
-        top = None
-        for obs in sorted(observers, key=lambda o: o != first):  # the first build's observer wins a tie
-            got = _torch_run(build(kept, obs), search, m)
-            snr = output_snr_db(ref, got)
-            if top is None or snr > top[0]:
-                top = (snr, obs, got)
-        best[tuple(sorted(kept))] = top[1]
-        return top[2]
-
-    return outputs, ((lambda kept: best.get(tuple(sorted(kept)))) if measure else None)
-
-
-WEIGHTED = ("conv", "linear")  # ops whose args[1] is a weight that PT2E quantizes per channel
-
-
-def _weight_noise(interp, n, out, acc: dict[str, list[float]]) -> None:
-    """For a conv / linear of a fake-quant program (fx Interpreter ``interp`` running it) whose weight is
-    dequantize(quantize(w)): the node run again with the float ``w`` on the same input, and the (signal, noise)
-    energies of its output added to ``acc[n.name]``. A layer that sums large inputs into a small output (a
-    detector head on an FPN concat: +-1800 in, +-2.7 out) loses its output to the int8 weights' rounding while its
-    own activation quantizes well; ranked by the activation alone the search never measured it."""
-    torch = require("torch")
-    if n.op != "call_function" or len(n.args) < 2 or not any(k in str(n.target) for k in WEIGHTED):
-        return
-    w = n.args[1]
-    if not isinstance(w, torch.fx.Node) or "dequantize" not in str(w.target):
-        return
-    src = w
-    while isinstance(src, torch.fx.Node) and "quantize" in str(src.target) and src.args:
-        src = src.args[0]
-    if isinstance(src, torch.fx.Node) and src.op == "get_attr":  # the Interpreter has freed it after its last use
-        weight = interp.fetch_attr(src.target)
-    elif isinstance(src, torch.fx.Node) and src in interp.env:
-        weight = interp.env[src]
-    else:
-        return
-    args = list(torch.fx.node.map_arg(n.args, lambda a: interp.env[a]))
-    kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: interp.env[a])
-    args[1] = weight
-    ref = n.target(*args, **kwargs).double()
-    got = out.double()
-    s = acc.setdefault(n.name, [0.0, 0.0])
-    s[0] += float((ref ** 2).sum())
-    s[1] += float(((got - ref) ** 2).sum())
 
 
 # ops that compute (their rounding adds noise): the 16x8 layer search's candidates; data movement is left
@@ -1280,17 +1060,6 @@ def _interpreter(path: Path, threads: int):
 
 def _dist_version(dist: str) -> str:
     return toolchain_versions(dist).get(dist, "?")
-
-
-def _explain_export_failure(exc: Exception, source: str) -> str:
-    text = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:240] if str(exc).strip() else ''}"
-    low = str(exc).lower()
-    if any(k in low for k in ("data-dependent", "data dependent", "guardonDataDependent".lower(), "could not guard",
-                              "dynamic control flow", "unbacked")):
-        return (f"{source}: torch.export cannot capture the model: data-dependent control flow ({text}); "
-                "rewrite the branch with torch.cond / torch.where, export with fixed input shapes, "
-                "or give a .pt2 ExportedProgram saved from a model that exports")
-    return f"{source}: litert-torch could not convert the model ({text})"
 
 
 CONVERTER = TFLiteConverter()

@@ -198,7 +198,7 @@ def test_data_dependent_control_flow_is_named(tmp_path, monkeypatch):
 
 
 def test_litert_failure_messages():
-    from edgekit.converters.tflite import _explain_export_failure
+    from edgekit.converters.common.pt2e import explain_export_failure as _explain_export_failure
 
     msg = _explain_export_failure(RuntimeError("Could not guard on data-dependent expression u0 > 0"), "m.pt2")
     assert "data-dependent control flow" in msg and "fixed input shapes" in msg and "torch.cond" in msg

@@ -293,7 +293,8 @@ def test_android_search_reuses_the_calibration_of_every_observer_it_can():
     from torch import nn
     from torchao.quantization.pt2e import quantize_pt2e
 
-    from edgekit.converters.tflite import _copy_observers, _quantizer
+    from edgekit.converters.common.pt2e import _copy_observers
+    from edgekit.converters.tflite import _quantizer
 
     class Net(nn.Module):
         def __init__(self) -> None:
