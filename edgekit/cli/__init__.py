@@ -18,6 +18,7 @@ import sys
 from edgekit.cli import cache, convert, finetune, flash, fleet, matrix, plan, profiles, zoo  # noqa: F401 - each registers its commands on the app
 from edgekit.cli.common import app, console, err  # noqa: F401 - the app and consoles, for callers and tests
 from edgekit.errors import EdgekitError
+from rich.markup import escape
 
 # the machine's state, not edgekit's or the user's input: one line, exit 2, no traceback
 _ENV_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the file system is read-only",
@@ -38,7 +39,7 @@ def _stop(signum: int, _frame: object) -> None:
 def main() -> None:
     from edgekit import fsutil
 
-    fsutil.notice = lambda m: err.print(f"[dim]note: {m}[/]", highlight=False, soft_wrap=True)
+    fsutil.notice = lambda m: err.print(f"[dim]note: {escape(m)}[/]", highlight=False, soft_wrap=True)
     # Ctrl-C unwinds too, even where the shell started edgekit with SIGINT ignored (a background job)
     for sig in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)):
         if sig is not None:
@@ -50,7 +51,8 @@ def main() -> None:
             sys.exit(128 + fsutil.stop_signal)
         raise
     except EdgekitError as exc:
-        err.print(f"[bold red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        # escaped: a hint like pip install 'edgekit[plan]' is text, not rich markup
+        err.print(f"[bold red]error:[/] {escape(str(exc))}", highlight=False, soft_wrap=True)
         sys.exit(exc.exit_code)
     except OSError as exc:
         if exc.errno not in _ENV_ERRNOS:
