@@ -84,6 +84,11 @@ LOCK_SUFFIX = ".lock"
 _LOCK_TAG = "edgekit "
 notice: Callable[[str], None] = lambda msg: None  # the CLI points this at its console (stale folders removed)
 stop_signal: int | None = None  # set by the CLI's SIGINT/SIGTERM handler: no output is renamed into place after it
+# what this process did with its outputs, for the CLI's one line when a run is stopped: the destinations renamed
+# into place, and those whose partial sibling was removed instead (dest left as it was)
+written: list[Path] = []
+abandoned: list[Path] = []
+scratch_removed: list[Path] = []  # work folders removed (each is removed however its run ends)
 
 
 def check_stop() -> None:
@@ -169,6 +174,8 @@ def work_dir(prefix: str = "edgekit-", parent: str | Path | None = None) -> Iter
         _new_locked(parent, prefix, made)
         yield made["path"]
     finally:  # also when a signal lands while the folder is being made
+        if "path" in made:
+            scratch_removed.append(made["path"])
         _unmake(made)
 
 
@@ -295,9 +302,12 @@ def atomic_dir(dest: Path) -> Iterator[Path]:
             os.replace(dest, old)
         os.replace(tmp, dest)
         made.pop("path")  # it is dest now
+        written.append(dest)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)
     finally:  # a failed or stopped run (a signal may land while the sibling is being made) leaves no sibling
+        if "path" in made:
+            abandoned.append(dest)
         _unmake(made)
 
 

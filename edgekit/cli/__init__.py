@@ -36,6 +36,25 @@ def _stop(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
+def stopped_line(signum: int) -> str:
+    """One line for a run stopped by a signal: what was written and what the cleanup removed, as it happened."""
+    from edgekit import fsutil
+
+    how = "interrupted" if signum == signal.SIGINT else f"stopped ({signal.Signals(signum).name})"
+    kept = [d for d in fsutil.abandoned if d.exists()]  # an earlier output at -o that the run would have replaced
+    partial = ", ".join(str(d) for d in fsutil.abandoned)
+    if not fsutil.written:
+        line = f"{how}: nothing was written"
+    else:
+        line = f"{how}: {', '.join(str(d) for d in fsutil.written)} was written whole before the stop"
+    if partial:
+        line += (f" (the partial output for {partial} was removed"
+                 + (f"; {', '.join(str(d) for d in kept)} keeps its earlier contents)" if kept else ")"))
+    elif fsutil.scratch_removed:
+        line += " (the temporary work folder was removed)"
+    return line
+
+
 def main() -> None:
     from edgekit import fsutil
 
@@ -47,8 +66,11 @@ def main() -> None:
     try:
         app()  # click's standalone mode handles usage errors (exit 2) and Ctrl-C ("Aborted!", exit 1)
     except SystemExit as exc:
-        if fsutil.stop_signal is not None and not exc.code:  # a toolchain swallowed the signal: still stopped
-            sys.exit(128 + fsutil.stop_signal)
+        # typer turns KeyboardInterrupt into a silent exit 130; a toolchain may swallow the signal (exit 0)
+        if fsutil.stop_signal is not None or exc.code == 130:
+            signum = fsutil.stop_signal or signal.SIGINT
+            err.print(stopped_line(signum), highlight=False, soft_wrap=True)
+            sys.exit(128 + signum)
         raise
     except EdgekitError as exc:
         # escaped: a hint like pip install 'edgekit[plan]' is text, not rich markup

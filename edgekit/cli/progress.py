@@ -29,8 +29,13 @@ class StageProgress:
             self.progress.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, *exc: object) -> None:
         if self.progress is not None:
+            if exc_type is not None:  # the running rows say so rather than keep a frozen spinner frame
+                for task in self.progress.tasks:
+                    if not task.finished:
+                        self.progress.update(task.id, status="[yellow]stopped[/]")
+                        self.progress.stop_task(task.id)
             self.progress.stop()
 
     def on_stage(self, name: str, msg: str) -> None:
