@@ -3,7 +3,7 @@ dropped. Each converter package declares its own model beside its converter (``<
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -17,32 +17,6 @@ class ConverterOptions(BaseModel):
     @classmethod
     def _text(cls, v: Any) -> Any:
         return v.strip().lower() if isinstance(v, str) and v.strip().lower() in CHOICE_WORDS else v
-
-
-class TFLiteOptions(ConverterOptions):
-    calibration: Literal["auto", "histogram", "minmax"] = Field(
-        "auto", description="int8 activation observer: auto (each is tried and the one whose model is closest to "
-        "float on calibration samples wins), histogram (HistogramObserver, L2-optimal range) or minmax")
-    keep_float_nodes: list[str] = Field(default_factory=list, description="torch.export node names kept float")
-    io: Literal["int8", "float"] = Field("int8", description="int8 builds: int8 or float32 input/output tensors")
-    lstm: Literal["int8", "float"] = Field(
-        "int8", description="int8 builds: LSTMs written out per time step in int8 (FULLY_CONNECTED / LOGISTIC / TANH "
-        "/ MUL / ADD), or kept float (litert-torch writes it out per step in fp32 between DEQUANTIZE and QUANTIZE)")
-    layout: Literal["nchw", "nhwc"] | None = Field(None, description="torch models: NHWC input (to_channel_last_io)")
-    threads: int = Field(2, ge=1, le=256, description="host interpreter threads for verification")
-    activations: Literal["int8", "int16"] = Field(
-        "int8", description="int8 builds: int8 activations, or int16 (TFLite's 16x8 mode by ai-edge-quantizer: int8 "
-        "weights, int16 activations and I/O; closer to float, slower: no XNNPACK/GPU/NNAPI kernels). Unset, mixed "
-        "precision tries int16 last where an int8 build fails verification")
-    keep_float_tensors: list[str] = Field(
-        default_factory=list, description="with activations=int16: ops kept float in the 16x8 model, named by their "
-        "output tensor in the fp32 .tflite (mixed precision's 16x8 layer search writes these)")
-    keras: Literal["tflite", "onnx"] = Field(
-        "tflite", description="Keras / SavedModel input: tflite (TensorFlow's TFLiteConverter quantizes the whole "
-        "model) or onnx (tf2onnx, then the PT2E path of ONNX and torch input: INT8 mixed precision can keep "
-        "chosen layers float there)")
-    _names = field_validator("keep_float_nodes", "keep_float_tensors", mode="before")(
-        lambda cls, v: split_names(v))
 
 
 def split_names(v: Any) -> Any:

@@ -209,7 +209,7 @@ def test_the_16x8_search_ranks_an_op_by_what_its_int8_weights_cost_the_output(di
     the same ops, the same SNR within 0.5 dB."""
     from ai_edge_litert.interpreter import Interpreter
 
-    from edgekit.converters.tflite import _a16_weight_effect
+    from edgekit.converters.tflite.search import _a16_weight_effect
     from edgekit.mixed.search import output_snr_db
     from edgekit.tflite_graph import TFLiteGraph
 

@@ -1,7 +1,7 @@
 """Android full-integer INT8 beyond litert-torch's own annotators: a digits CNN trained here (scikit-learn
 digits) with PReLU, HardSwish, a BatchNorm after a ReLU, LeakyReLU, Pad, a nearest Resize and a Sub by a
 constant. Every one of those has an int8 kernel in TFLite; edgekit annotates or rewrites them
-(converters/tflite_int8.py). The build must be fully int8 (every op's tensors audited) and keep the float
+(converters/tflite/int8_rewrites.py). The build must be fully int8 (every op's tensors audited) and keep the float
 model's accuracy on the held-out digits."""
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def ops_int8(ops_digits):
 
 
 def test_prelu_hardswish_bn_after_relu_fully_int8(ops_int8):
-    from edgekit.converters.tflite import audit
+    from edgekit.converters.tflite.audit import audit
 
     art = ops_int8.manifest["artifact"]
     assert art["full_integer"] is True and art["float_ops"] == []
@@ -261,7 +261,7 @@ def test_upsampling_conv_transpose_converts_full_integer_as_conv_and_pixel_shuff
 
     from edgekit.analyze import analyze_onnx
     from edgekit.profiles import load_target
-    from edgekit.converters.tflite_int8 import transform
+    from edgekit.converters.tflite.int8_rewrites import transform
 
     torch.manual_seed(0)
     model = UpNet().eval()
@@ -377,7 +377,7 @@ def test_a_failing_int8_lstm_is_kept_float_before_any_layer_is_searched(tmp_path
     reads 89.1% of 64 golden lines as float does, needing 90%.) A user's ``--option lstm`` is theirs: no group."""
     from types import SimpleNamespace
 
-    from edgekit.converters.tflite import TFLiteConverter
+    from edgekit.converters.tflite.converter import TFLiteConverter
 
     torch.manual_seed(0)
     x_tr, x_te, y_te = _rows_onnx(RowsLSTM(), tmp_path / "lstm.onnx")
@@ -449,7 +449,7 @@ def test_sigmoid_scores_concatenated_with_boxes_run_on_the_builtin_kernels(tmp_p
     assert np.abs(outs[0] - outs[1]).max() <= 1, np.abs(outs[0] - outs[1]).max()
     # the check itself: the same model with a LOGISTIC writing at another scale (what sharing the concatenation's
     # scale gave) is named as refused by the builtin kernels
-    from edgekit.converters.tflite import _builtin_refusal
+    from edgekit.converters.tflite.interpreter import builtin_refusal as _builtin_refusal
     from edgekit.tflite_graph import TFLiteGraph
 
     g = TFLiteGraph(res.out_dir / "model.tflite")
@@ -508,7 +508,7 @@ def test_small_weights_keep_their_resolution(tmp_path):
 
     from torchao.quantization.pt2e import quantize_pt2e
 
-    from edgekit.converters.tflite import _quantizer
+    from edgekit.converters.tflite.quantizer import pt2e_quantizer as _quantizer
 
     torch.manual_seed(0)
     net = SmallWeights().eval()

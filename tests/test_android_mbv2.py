@@ -68,7 +68,7 @@ def test_stock_litert_quantizer_leaves_float_adds_and_audit_catches_them(data, t
     from litert_torch.quantize import quant_config as qc
     from torchao.quantization.pt2e import quantize_pt2e
 
-    from edgekit.converters.tflite import audit, format_float_ops
+    from edgekit.converters.tflite.audit import audit, format_float_ops
 
     calib = np.load(data["calib"])["image"]
     gm = torch.export.load(str(MODEL)).module()
@@ -117,7 +117,7 @@ def make():
 
 def test_float_op_fails_full_integer_unless_allowed(tmp_path, monkeypatch):
     from edgekit.converters import ConvertJob
-    from edgekit.converters.tflite import CONVERTER
+    from edgekit.converters.tflite.converter import CONVERTER
     from edgekit.data import random_dataset
     from edgekit.errors import UnsupportedOpError
     from edgekit.ingest import load_model

@@ -187,7 +187,8 @@ def test_a_layer_whose_int8_weights_lose_its_output_is_ranked_first():
 
     from edgekit.converters.coreml.search import w8a8_layers as _w8a8_layers
     from edgekit.converters.coreml.w8a8 import w8a8_quantizer as _w8a8_quantizer
-    from edgekit.converters.tflite import _local_sqnr, _quantizer
+    from edgekit.converters.tflite.quantizer import pt2e_quantizer as _quantizer
+    from edgekit.converters.tflite.search import _local_sqnr
     from edgekit.ingest import TensorSpec
 
     class Cancel(nn.Module):
@@ -294,7 +295,7 @@ def test_android_search_reuses_the_calibration_of_every_observer_it_can():
     from torchao.quantization.pt2e import quantize_pt2e
 
     from edgekit.converters.common.pt2e import _copy_observers
-    from edgekit.converters.tflite import _quantizer
+    from edgekit.converters.tflite.quantizer import pt2e_quantizer as _quantizer
 
     class Net(nn.Module):
         def __init__(self) -> None:

@@ -14,8 +14,8 @@ SOFTMAX after an unannotated op ...). Two steps close that gap:
                    alpha as depthwise conv weights; ``x ** 2`` becomes ``x * x``, ``a / sqrt(b)``
                    ``a * rsqrt(b)`` and ``a / c`` (a constant) ``a * (1 / c)``: a LayerNorm written out
                    (paddle2onnx, older exporters) then runs on TFLite's int8 MUL / RSQRT / MEAN / SUB;
-                   a transposed conv whose kernel equals its stride (an r x r up-sampling, PP-OCR's DB
-                   head) becomes a 1x1 conv to out x r x r channels and a pixel shuffle (int8 RESHAPE /
+                   a transposed conv whose kernel equals its stride (an r x r up-sampling, as a DB
+                   text detector's head makes) becomes a 1x1 conv to out x r x r channels and a pixel shuffle (int8 RESHAPE /
                    TRANSPOSE in the .tflite):
                    litert-torch lowers conv_transpose to a float TRANSPOSE_CONV even where annotated.
 ``annotate(gm, cfg)``  (after litert-torch's annotators) gives every remaining op with an int8
@@ -25,7 +25,7 @@ SOFTMAX after an unannotated op ...). Two steps close that gap:
                    SOFTMAX / LOGISTIC / TANH have fixed output scales, the rest get their own
                    calibrated output range.
 
-Every build is still audited op by op after converting (``converters.tflite.audit``).
+Every build is still audited op by op after converting (:func:`edgekit.converters.tflite.audit.audit`).
 """
 
 from __future__ import annotations
@@ -175,7 +175,7 @@ def transform(gm: Any) -> int:
                 node.args = (parts, *node.args[1:])
         elif node.target == a.mul.Tensor and (x := _hardswish_input(gm, node)) is not None:
             # x * clip(x + 3, 0, 6) * (1/6), HardSwish as paddle2onnx writes it: four int8 ops, each rounding its
-            # output on a per-tensor grid (ppocr-cls: max error 46%), where TFLite runs one HARD_SWISH
+            # output on a per-tensor grid (their errors add up), where TFLite runs one HARD_SWISH
             with gm.graph.inserting_before(node):
                 out = _call(gm, node, a.hardswish.default, (x,))
             node.replace_all_uses_with(out)
@@ -256,7 +256,7 @@ def annotate(gm: Any, cfg: Any) -> int:
             # group, as litert-torch's own cat annotator does. That annotator finds cats by source partition,
             # so it misses those of a .pt2 program or of a decomposition (an LSTM's per-step outputs). Left
             # float between DEQUANTIZE and nothing, the converter made such a cat int8 at its first input's
-            # scale and clipped the others: a bidirectional LSTM's output fell to 8 dB SNR.
+            # scale and clipped the others (a bidirectional LSTM's output lost most of its signal).
             ins = [x for x in _tensor_args(node) if _is_float_tensor(x)]
             if ins and _is_float_tensor(node):
                 shared = SharedQuantizationSpec((ins[0], node))
@@ -371,8 +371,8 @@ def _hardswish_input(gm: Any, node: Any) -> Any:
 
 def _upsampling_deconv(gm: Any, node: Any) -> bool:
     """A conv_transpose2d whose kernel equals its stride (square), with no padding, output padding, dilation or
-    groups, and constant weights: each input pixel writes its own r x r block (the 2x up-sampling of PP-OCR's
-    DB head, of U-Nets), which a 1x1 conv and a pixel shuffle compute exactly."""
+    groups, and constant weights: each input pixel writes its own r x r block (the 2x up-sampling of a DB
+    text detector's head, of U-Nets), which a 1x1 conv and a pixel shuffle compute exactly."""
     args = list(node.args) + [None] * (8 - len(node.args))
     x, w, b, stride, padding, out_pad, groups, dilation = args[:8]
     if not _const(gm, w) or (b is not None and not _const(gm, b)) or _rank(x) != 4:

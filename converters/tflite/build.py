@@ -1,0 +1,153 @@
+"""The .tflite builds that are not 16x8: the fp32 model (litert-torch from the torch.export program, or
+TensorFlow's TFLiteConverter for Keras / SavedModel), fp16 weights (ai-edge-quantizer FLOAT_CASTING), and
+int8 / int8-dynamic through PT2E (:mod:`edgekit.converters.common.pt2e` with android's quantizer), lowered by
+litert-torch."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edgekit.converters import ConvertJob
+from edgekit.converters.common.pt2e import (
+    calibrated,
+    choose_observer,
+    explain_export_failure,
+    exported_module,
+    torch_module,
+)
+from edgekit.converters.tflite.options import EXTRA, lstm_float
+from edgekit.converters.tflite.quantizer import pt2e_quantizer
+from edgekit.deps import require
+from edgekit.errors import ConversionError
+from edgekit.quiet import quiet_python
+from edgekit.tf_graph import tf_convert
+
+
+def litert_torch():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return require("litert_torch", EXTRA)
+
+
+def float_tflite(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
+    """The fp32 .tflite at ``dest``: litert-torch from the float program, or TensorFlow's TFLiteConverter for
+    Keras / SavedModel (the analyze stage's conversion copied where it made one; then the record carries
+    ``conversion_s``, that conversion's time). Returns the quantization record."""
+    m = job.model
+    if m.is_tf:
+        reuse = Path(job.float_tflite) if job.float_tflite is not None else None
+        record = reuse.with_name(reuse.name + ".json") if reuse is not None else None
+        if reuse is not None and reuse.is_file() and record.is_file():
+            dest.write_bytes(reuse.read_bytes())  # the analyze stage's fp32 conversion, not done twice
+            return {**json.loads(record.read_text()), "reused": "converted by the analyze stage"}
+        return tf_convert(m, dest, "fp32", None, job.work_dir, log=job.log)
+    torch = require("torch")
+    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+    edge = lower(litert_torch(), torch_module(job), sample, layout, None, m)
+    with quiet_python():
+        edge.export(str(dest))
+    return {"tool": "litert-torch", "weights": "fp32", "activations": "fp32", "io": "float32"}
+
+
+def convert_torch(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
+    """litert-torch: fp16 from the float program, int8 / int8-dynamic through PT2E (fp32: :func:`float_tflite`)."""
+    m = job.model
+    torch = require("torch")
+    lt = litert_torch()
+    if job.precision == "fp16":
+        float_tflite(job, job.work_dir / "float.tflite", layout)
+        return fp16(job.work_dir / "float.tflite", dest)
+    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+    module = torch_module(job)
+    info, edge = pt2e_build(job, lt, module, sample, layout, dynamic=job.precision != "int8")
+    with quiet_python():
+        edge.export(str(dest))
+    return info
+
+
+def lower(lt, module, sample, layout, quant_config, m):
+    """litert-torch's conversion of ``module`` (NHWC at the edges where ``layout`` says so); a torch.export or
+    lowering failure is a ConversionError that says what it means."""
+    if layout == "nhwc":
+        idx_in = [i for i, s in enumerate(m.inputs) if len(s.shape) == 4]
+        idx_out = [i for i, s in enumerate(m.outputs) if len(s.shape) == 4]
+        module = lt.to_channel_last_io(module, args=idx_in, outputs=idx_out)
+        sample = tuple(x.permute(0, 2, 3, 1).contiguous() if x.dim() == 4 else x for x in sample)
+    try:
+        with quiet_python():
+            return lt.convert(module, sample, quant_config=quant_config)
+    except Exception as exc:  # torch.export / lowering raise many types
+        raise ConversionError(explain_export_failure(exc, m.source)) from None
+
+
+def fp16(src: Path, dest: Path) -> dict[str, Any]:
+    """The fp32 .tflite ``src`` with fp16 conv / linear weights (explicit DEQUANTIZE) at ``dest``."""
+    aq = require("ai_edge_quantizer.quantizer", EXTRA)
+    qt = require("ai_edge_quantizer.qtyping", EXTRA)
+    q = aq.Quantizer(str(src))
+    cast = []
+    for op in ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED", "CONV_2D_TRANSPOSE", "EMBEDDING_LOOKUP"):
+        try:
+            q.update_quantization_recipe(
+                regex=".*", algorithm_key=aq.AlgorithmName.FLOAT_CASTING,
+                operation_name=getattr(qt.TFLOperationName, op),
+                op_config=qt.OpQuantizationConfig(
+                    weight_tensor_config=qt.TensorQuantizationConfig(num_bits=16, dtype=qt.TensorDataType.FLOAT),
+                    compute_precision=qt.ComputePrecision.FLOAT, explicit_dequantize=True,
+                ),
+            )
+            cast.append(op)
+        except (ValueError, AttributeError):  # op not offered by this ai-edge-quantizer's FLOAT_CASTING
+            continue
+    with quiet_python():
+        res = q.quantize(enable_progress_report=False)
+    dest.write_bytes(bytes(res.quantized_model))
+    return {"tool": "ai-edge-quantizer FLOAT_CASTING", "weights": "fp16 weights of " + ", ".join(cast),
+            "activations": "fp32", "io": "float32"}
+
+
+def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
+    """The PT2E int8 (static, calibrated) or int8-dynamic build of ``module``, lowered by litert-torch:
+    (the quantization record, litert-torch's edge model)."""
+    qc = require("litert_torch.quantize.quant_config", EXTRA)
+    m = job.model
+    found: dict[str, int] = {}
+    module = exported_module(job, module, sample, unroll_lstm=not dynamic and not lstm_float(job), found=found)
+    keep = tuple(job.options.get("keep_float_nodes") or ())
+    chosen, measured = ("histogram", {}) if dynamic else choose_observer(
+        job, module, sample, lambda obs: pt2e_quantizer(False, obs, keep))
+    with job.substep("calibration"):
+        converted, q, n_batches = calibrated(job, module, sample, chosen,
+                                             lambda obs: pt2e_quantizer(dynamic, obs, keep), dynamic=dynamic)
+    with job.substep("TFLite lowering"):
+        edge = lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
+    info: dict[str, Any] = {
+        "tool": "litert-torch PT2E " + ("dynamic" if dynamic else "static"),
+        "weights": "int8 symmetric per-channel",
+        "activations": ("int8 quantized at run time (dynamic range)" if dynamic
+                        else "int8 per-tensor affine ("
+                        + ("HistogramObserver" if chosen == "histogram" else "MinMaxObserver") + ")"),
+        "io": "float32" if dynamic else "int8",
+    }
+    if not dynamic:
+        info.update({"calibration_method": chosen,
+                     "calibration_chosen": ("by measurement (output SNR dB against float)" if measured
+                                            else "by --option"),
+                     "calibration_measured_snr_db": measured or None,
+                     "calibration_batches": n_batches, "calibration_source": job.calib.source,
+                     "add_mul_quantized": q.binary_nodes, "add_mul_annotated_by_edgekit": q.fixed_adds,
+                     "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten,
+                     "nodes_kept_float": list(keep)})
+        if lstm_float(job):
+            info["lstm"] = "float (any LSTM runs in float between DEQUANTIZE and QUANTIZE)"
+        elif found.get("lstms"):
+            info["lstm"] = f"int8 ({found['lstms']} LSTM(s) written out per time step)"
+        job.log(f"PT2E calibrated on {n_batches} batches; {q.binary_nodes} add/mul node(s) quantized "
+                f"({q.fixed_adds} annotated by edgekit where litert-torch's annotator missed them); edgekit "
+                f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} into int8 ops (BatchNorm after "
+                "ReLU, PReLU, x**2, division by a sqrt or a constant)")
+    return info, edge
