@@ -27,30 +27,36 @@ def mixed_search(job: ConvertJob, artifact: Artifact) -> Search:
     input, fp16 weights), ranked by the SQNR of their int8 input; the search runs PT2E's fake-quant program
     in torch (fp32 elsewhere: the real re-verification runs the converted package)."""
     torch = require("torch")
-    from edgekit.converters.tflite import CONVERTER as TFLITE
-    from edgekit.converters.tflite import SEARCH_CALIB, _torch_run, observer_outputs
+    from edgekit.converters.common.pt2e import (
+        SEARCH_CALIB,
+        calibrated,
+        exported_module,
+        observer_outputs,
+        torch_module,
+        torch_run,
+    )
 
     m = job.model
     sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-    module = TFLITE._exported(job, TFLITE._module(job), sample)
+    module = exported_module(job, torch_module(job), sample)
     comparisons_as_coreml_reads_them(module)
     method = artifact.meta["quantization"]["calibration_method"]
     base = tuple(job.options.get("keep_float_nodes") or ())
     search = search_feeds(job)
 
-    calibrated: dict[str, Any] = {}
+    programs: dict[str, Any] = {}  # observer -> its fake-quant program with no layer kept
 
     def fake_quant(keep: tuple[str, ...], observer: str = method):
         # calibrated once per observer: a W8A8 layer kept fp16 only loses the quantize / dequantize on its own
         # inputs and weight, and the observers saw float values either way, so the other layers' ranges are
         # the same as a calibration with it left unannotated (no calibration per build)
-        if observer not in calibrated:
-            calibrated[observer] = TFLITE._calibrated(job, module, sample, False, observer, base, SEARCH_CALIB,
-                                                      lambda obs: w8a8_quantizer(obs, base))[0]
-        return inputs_float(calibrated[observer], keep)
+        if observer not in programs:
+            programs[observer] = calibrated(job, module, sample, observer, lambda obs: w8a8_quantizer(obs, base),
+                                            limit=SEARCH_CALIB)[0]
+        return inputs_float(programs[observer], keep)
 
     layers = w8a8_layers(fake_quant(()), search[:8], m)
-    ref = _torch_run(module, search, m)
+    ref = torch_run(module, search, m)
     outputs, calibration_for = observer_outputs(lambda kept, obs: fake_quant(tuple(kept), obs), job,
                                                 method, ref, search)
     return Search(layers, outputs, ref, "fp16 (no int8 quantize / dequantize on its input; fp16 weights)",
@@ -62,26 +68,9 @@ def w8a8_layers(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any) -> l
     before and after its quantize / dequantize, on the same runs) or, where lower, of its int8 weights at its
     output: the cheap ranking of the mixed search."""
     torch = require("torch")
-    from edgekit.converters.tflite import _weight_noise
+    from edgekit.converters.common.fxrecord import record_quantized
 
-    seen: dict[str, list[tuple]] = {}
-    weights: dict[str, list[float]] = {}
-
-    class Rec(torch.fx.Interpreter):
-        def run_node(self, n):
-            out = super().run_node(n)
-            if n.op == "call_function" and "quantize_per_tensor" in str(n.target) and "dequantize" not in str(
-                    n.target) and isinstance(n.args[0], torch.fx.Node):
-                x, scale, zp, lo, hi = (self.env[n.args[0]], *[self.env[a] if isinstance(a, torch.fx.Node) else a
-                                                                 for a in n.args[1:5]])
-                deq = (torch.clamp(torch.round(x / scale) + zp, lo, hi) - zp) * scale
-                seen.setdefault(n.args[0].name, []).append((x.detach().numpy(), deq.detach().numpy()))
-            _weight_noise(self, n, out, weights)
-            return out
-
-    with torch.no_grad():
-        for f in feeds:
-            Rec(converted).run(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
+    seen, weights = record_quantized(converted, feeds, m, skip_dequantize=True)
 
     def producer(node: Any) -> Any:  # dequantize(quantize(x)) -> x
         while isinstance(node, torch.fx.Node) and "quantize" in str(node.target) and node.args:

@@ -23,7 +23,7 @@ def pt2e_w8a8(job: ConvertJob) -> dict[str, Any]:
     coremltools into iOS 17 ``quantize`` / ``dequantize`` ops before those layers and int8 weight constants:
     the int8-int8 compute the Neural Engine runs; every other op stays fp16, as Core ML runs it."""
     torch = require("torch")
-    from edgekit.converters.tflite import CONVERTER as TFLITE
+    from edgekit.converters.common.pt2e import calibrated, choose_observer, exported_module, torch_module
 
     m = job.model
     if not m.is_torch or m.kind == "torchscript":
@@ -32,7 +32,7 @@ def pt2e_w8a8(job: ConvertJob) -> dict[str, Any]:
             "is TorchScript: run this conversion on a Mac (Core ML predict), or choose int8-weight")
     assert job.calib is not None  # the pipeline refuses int8 without --calib
     sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
-    module = TFLITE._exported(job, TFLITE._module(job), sample)
+    module = exported_module(job, torch_module(job), sample)
     comparisons_as_coreml_reads_them(module)
     # the PT2E steps are android's (observer chosen by measuring, calibration), with Core ML's quantizer
     keep = tuple(job.options.get("keep_float_nodes") or ())
@@ -40,10 +40,9 @@ def pt2e_w8a8(job: ConvertJob) -> dict[str, Any]:
     def quantizer_for(observer: str) -> Any:
         return w8a8_quantizer(observer, keep)
 
-    chosen, measured = TFLITE._observer(job, module, sample, keep, quantizer_for)
+    chosen, measured = choose_observer(job, module, sample, quantizer_for)
     with job.substep("calibration"):
-        converted, q, n_batches = TFLITE._calibrated(job, module, sample, False, chosen, keep,
-                                                     quantizer_for=quantizer_for, fold=True)
+        converted, q, n_batches = calibrated(job, module, sample, chosen, quantizer_for, fold=True)
     layers = q.layers
     if not layers and not keep:  # every layer kept by mixed precision: built, and judged as not INT8
         raise UnsupportedOpError(f"{m.source}: precision int8 (W8A8) quantizes conv / linear / matmul inputs and "
@@ -67,7 +66,7 @@ def w8a8_quantizer(observer: str, keep: tuple[str, ...] = ()) -> Any:
     from torchao.quantization.pt2e import MinMaxObserver
     from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, Quantizer
 
-    from edgekit.converters.tflite import weight_scale_floor_off
+    from edgekit.converters.common.pt2e import weight_scale_floor_off
 
     cfg = weight_scale_floor_off(pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False))
     act, weight = cfg.input_activation, cfg.weight
