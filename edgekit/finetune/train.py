@@ -129,15 +129,7 @@ def finetune(
         after = distill.measure(student, teacher, xs, dev)
 
         # the held-out samples
-        held = None
-        if held_xs is not None:
-            held_after = distill.measure(student, teacher, held_xs, dev)
-            set_mode(student, "off")  # the float weights alone: what a float build of the output computes
-            float_after = distill.measure(student, teacher, held_xs, dev)
-            set_mode(student, "quant")
-            held = {"samples": len(rd.held), "loss_before": held_before[0], "loss_after": held_after[0],
-                    "agreement_before": held_before[1], "agreement_after": held_after[1],
-                    "float_weights_agreement_after": float_after[1]}
+        held = _held_out(distill, student, teacher, held_xs, dev, held_before) if held_xs is not None else None
 
         # the record and the written model
         probs = [s.name for s, k in zip(m.outputs, rd.kinds, strict=True) if k == "class-probabilities"]
@@ -178,6 +170,17 @@ def _check_options(target: str, epochs: int, batch_size: int, checkpoint_every: 
     if prune and feature_weight:
         raise InputSpecError("--feature-weight compares the student's activations with the teacher's, point by "
                              "point; a pruned student has other channels: use one or the other")
+
+
+def _held_out(distill: Distill, student, teacher, held_xs, dev, before: tuple[float, float | None]) -> dict[str, Any]:
+    """The student on the samples kept out of training, after it trained (``before``: as it started), and its float
+    weights alone there: what a float build of the output computes."""
+    after = distill.measure(student, teacher, held_xs, dev)
+    set_mode(student, "off")
+    float_after = distill.measure(student, teacher, held_xs, dev)
+    set_mode(student, "quant")
+    return {"samples": len(held_xs[0]), "loss_before": before[0], "loss_after": after[0],
+            "agreement_before": before[1], "agreement_after": after[1], "float_weights_agreement_after": float_after[1]}
 
 
 @dataclass
