@@ -222,7 +222,7 @@ def test_failed_verification_is_marked_and_raises(digits, tmp_path, monkeypatch)
         t.tolerances["fp16"].max_rel_error = 1e-9  # no fp16 build can meet this
         return t
 
-    monkeypatch.setattr("edgekit.pipeline.load_target", strict)
+    monkeypatch.setattr("edgekit.request.load_target", strict)
     with pytest.raises(VerificationError, match="output 'output': max error .*tolerance"):
         convert(digits["model"], "jetson", tmp_path / "v", precision="fp16", calib=str(digits["calib"]))
     man = json.loads((tmp_path / "v" / "manifest.json").read_text())
