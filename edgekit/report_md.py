@@ -93,8 +93,8 @@ def _budgets(man: dict[str, Any]) -> list[str]:
 
 
 def _mixed_precision(art: dict[str, Any]) -> list[str]:
-    """INT8 calibration as chosen, the mixed-precision search (edgekit.mixed.fallback) where plain INT8 failed, and its last
-    step: the build with 16-bit activations (android's 16x8)."""
+    """INT8 calibration as chosen, the mixed-precision search (edgekit.mixed.fallback) where plain INT8 failed, and
+    its last step: the build with 16-bit activations (android's 16x8)."""
     lines = _mixed_layers(art)
     a16 = (art.get("mixed_precision") or {}).get("activations16")
     if not a16:
