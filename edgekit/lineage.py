@@ -36,7 +36,7 @@ from edgekit.ingest import KERAS_SUFFIXES, Model, load_model
 if TYPE_CHECKING:
     from edgekit.converters import Runner
     from edgekit.profiles import Tolerance
-    from edgekit.stages import Compression
+    from edgekit.stages import Prepared
     from edgekit.verify import Verification
 
 RECORD = "edgekit-finetune.json"  # the recipe, inside the written .pt2 (torch.export.save extra_files)
@@ -190,7 +190,7 @@ _ORIGINAL_METRICS = ("top1_agreement", "disagreements", "snr_db", "cosine", "iou
                      "max_rel_error")
 
 
-def against_original(m: Model, make_runner: Callable[[], Runner], comp: Compression, tol: Tolerance, precision: str,
+def against_original(m: Model, make_runner: Callable[[], Runner], comp: Prepared, tol: Tolerance, precision: str,
                      v: Verification, original: tuple[Callable, str] | None = None) -> None:
     """A ``.pt2`` that `edgekit finetune` wrote is verified against its own fine-tuned float weights; the model the
     user means to ship is the float model it came from. So the final build (once, after any mixed-precision
