@@ -135,6 +135,9 @@ def _read_arrays(path: Path, what: str, cap: int) -> dict[str, np.ndarray]:
         raise InputSpecError(f"{what}: not a readable .npz file ({first_line(exc, 200)}); save it with numpy.savez") from None
 
 
+CALIB_LIMIT = float(np.finfo(np.float32).max) / 2  # largest |value| whose symmetric range float32 still holds
+
+
 def _check_values(what: str, key: str, arr: np.ndarray) -> None:
     """Numbers only, and finite: NaN/Inf/complex data would only fail later, far from its cause."""
     if np.iscomplexobj(arr):
@@ -149,6 +152,13 @@ def _check_values(what: str, key: str, arr: np.ndarray) -> None:
             raise InputSpecError(f"{what}: array {key!r} holds {bad:,} non-finite value(s) ({n_nan:,} NaN, "
                                  f"{bad - n_nan:,} ±Inf) of {arr.size:,}; clean the data before calibrating or "
                                  "evaluating with it")
+        # an INT8 quantizer's range is symmetric about zero at its widest: past half float32's largest value its
+        # width, and the scale taken from it, overflow to inf (the quantizer then fails an assertion)
+        peak = float(np.max(np.abs(arr))) if arr.size else 0.0
+        if what.startswith("--calib") and peak > CALIB_LIMIT:
+            raise InputSpecError(f"{what}: array {key!r} holds values up to {peak:.3g}: too large for INT8 "
+                                 f"calibration (the finite range would overflow float32 scales above {CALIB_LIMIT:.3g}); "
+                                 "calibrate with data scaled as the model sees it in use")
 
 
 def _check_labels(what: str, labels: np.ndarray, model: Model) -> np.ndarray:

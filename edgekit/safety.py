@@ -220,10 +220,32 @@ def _check_payload_sizes(zf: zipfile.ZipFile, configs: list[tuple[str, str, dict
                                  f"{need:,}; the file is damaged or cut short: re-export the model")
 
 
+def check_zip_end(f: IO[bytes], source: str) -> None:
+    """A zip ends with its end-of-central-directory record (and the record's comment, if any). A file cut short
+    loses it, yet zipfile (and torch) may still find another record inside a member's bytes and read a different,
+    smaller archive: that surfaced as "holds pickled objects, pass --trust-pickle" instead of "truncated"."""
+    f.seek(0, io.SEEK_END)
+    size = f.tell()
+    f.seek(max(0, size - (22 + 0xFFFF)))
+    tail = f.read()
+    f.seek(0)
+    at = tail.rfind(b"PK\x05\x06")
+    while at >= 0:
+        comment = int.from_bytes(tail[at + 20:at + 22], "little") if at + 22 <= len(tail) else -1
+        if at + 22 + comment == len(tail):
+            return
+        at = tail.rfind(b"PK\x05\x06", 0, at)
+    raise ModelLoadError(
+        f"{source}: truncated or corrupt: a zip whose central directory is missing (its last bytes are not a zip's "
+        "end record; the download or copy was cut short?); re-download or re-save the model"
+    )
+
+
 def check_torch_archive(f: IO[bytes], source: str, trust_pickle: bool, *, max_expand: int = 100) -> None:
     """Refuse a torch zip archive that is damaged or would run code when loaded (see the module doc).
 
     ``f`` is the open file torch will read next (the same bytes are checked and loaded)."""
+    check_zip_end(f, source)
     try:
         zf = zipfile.ZipFile(f)
     except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import CacheDirOpt, app, console, mb
+from edgekit.cli.common import CacheDirOpt, app, console, fit, mb
 
 cache_app = typer.Typer(help="The build cache: verified builds by the hash of their inputs (`ls`, `prune`).",
                         no_args_is_help=True)
@@ -24,13 +25,23 @@ def ls(cache_dir: CacheDirOpt = None) -> None:
     if not found:
         console.print(f"the build cache in {root} is empty")
         return
-    t = Table(title=f"build cache: {root}", title_justify="left")
-    for col, just in (("key", "left"), ("kind", "left"), ("model", "left"), ("target", "left"),
-                      ("board", "left"), ("precision", "left"), ("size", "right"), ("built", "right")):
-        t.add_column(col, justify=just)
-    for e in found:
-        t.add_row(e.key[:12], e.kind, e.model, e.target, e.board or "—", e.precision or "—", mb(e.bytes),
-                  f"{age(e.built_utc)} ago")
+    def table(stacked: bool) -> Table:
+        t = Table(title=f"build cache: {root}", title_justify="left")
+        cols = (("key", "left"), ("kind", "left"), ("model", "left"),
+                *((("build", "left"),) if stacked else (("target", "left"), ("board", "left"), ("precision", "left"))),
+                ("size", "right"), ("built", "right"))
+        for col, just in cols:
+            t.add_column(col, justify=just, no_wrap=col in ("key", "size"))
+        for e in found:
+            what = [f"{e.target} {e.precision or ''}".strip() + f"\n{e.board}" if e.board else e.target] if stacked \
+                else [e.target, e.board or "—", e.precision or "—"]
+            t.add_row(e.key[:8] if stacked else e.key[:12], e.kind, Path(e.model).name if stacked else e.model,
+                      *what, mb(e.bytes), f"{age(e.built_utc)} ago")
+        return t
+
+    t = table(stacked=False)
+    if not fit(t):  # narrow terminal: target, precision and board in one cell, the model's file name
+        fit(t := table(stacked=True))
     console.print(t)
     console.print(f"{len(found)} entries, {mb(sum(e.bytes for e in found))}")
 

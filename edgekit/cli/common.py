@@ -5,10 +5,17 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+import typer.core
 from rich.console import Console
+from rich.table import Table
 
 from edgekit.quiet import terminal
 from edgekit.report_md import fmt_size as mb  # noqa: F401 - the one size format, for the command modules
+
+# typer writes a type beside every option, `<bool>` beside a flag too, where it only takes help room: a flag takes
+# no value, so nothing is shown
+_display_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _display_type(self, ctx)
 
 app = typer.Typer(
     name="edgekit",
@@ -54,3 +61,44 @@ CacheDirOpt = Annotated[
     str | None,
     typer.Option("--cache-dir", help="build cache folder (default $EDGEKIT_CACHE_DIR, else cache/ in edgekit's data folder)"),
 ]
+
+
+
+def fit(t: Table, con: Console | None = None) -> bool:
+    """``t`` laid out for this terminal with no word broken: each wrapping column at least as wide as its longest
+    word (a board id, ``int8-dynamic``), the room left shared by how much more each would take; where even that
+    is wider than the terminal, the same table with a header rule only (no column rules, edges or doubled padding).
+    rich's own layout squeezes the widest columns first and may break a word or crop every line. False where the
+    table cannot fit whole words: the caller then drops columns or stacks cells."""
+    from rich import box
+    from rich.cells import cell_len
+    from rich.text import Text
+
+    con = con or console
+
+    def plain(cell: object) -> str:
+        return cell.plain if isinstance(cell, Text) else Text.from_markup(str(cell)).plain
+
+    least, rows, most = [], [], []  # per column: whole words; every row on one line; the header on one line too
+    for col in t.columns:
+        lines = [ln for cell in col.cells for ln in plain(cell).splitlines()]
+        words = max((cell_len(w) for ln in [*lines, plain(col.header)] for w in ln.split()), default=1)
+        longest = max(words, *(cell_len(ln) for ln in lines))
+        least.append(longest if col.no_wrap else max(words, col.min_width or 0))
+        rows.append(longest)
+        most.append(max(longest, cell_len(plain(col.header))))
+    n = len(t.columns)
+    room = con.width - (3 * n + 1)  # rules and padding of the boxed table
+    compact = con.width - (2 * n - 2)
+    if sum(least) > room or sum(rows) > room >= sum(rows) - (compact - room):  # or rows on one line without rules
+        t.box, t.show_edge, t.pad_edge, t.collapse_padding = box.SIMPLE_HEAD, False, False, True
+        room = compact
+    if sum(least) > room:
+        return False
+    widths = list(least)
+    for goal in (rows, most):  # explicit widths: rich would size a column by its whole header first
+        spare, want = room - sum(widths), [g - w for w, g in zip(widths, goal)]
+        widths = [w + min(d, spare * d // max(sum(want), 1)) for w, d in zip(widths, want)]
+    for col, w in zip(t.columns, widths):
+        col.width = w
+    return True

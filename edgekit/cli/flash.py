@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import app, console, err
+from edgekit.cli.common import app, console, err, fit
 from edgekit.errors import EdgekitError
 
 DbOpt = Annotated[Path | None, typer.Option("--results-db", help="results SQLite file (default: user data dir; env EDGEKIT_RESULTS_DB)")]
@@ -172,17 +172,24 @@ def results_cmd(
     if as_json:
         print(json.dumps(rows, indent=2, default=str))
         return
-    t = Table(title=f"results: {results.db_path()}", title_justify="left")
-    cols = ["id", "when (UTC)", "kind", "board", *(["bundle"] if wide else []), "precision",
-            *(["model"] if wide else []), "est. ms", "meas. ms", "result"]
-    for col in cols:  # short cells never wrap or truncate; board names may wrap
-        t.add_column(col, no_wrap=col not in ("board", "bundle"), overflow="fold",
-                     justify="right" if "ms" in col else "left")
-    for e in rows:
-        fmt = lambda v: "—" if v is None else f"{v:.3g}"
-        res = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(e.get("passed"), "")
-        when = e["at_utc"] if wide else e["at_utc"][5:16].replace("T", " ")  # MM-DD HH:MM
-        t.add_row(str(e["id"]), when, e["kind"], e.get("board_id") or "", *([e.get("bundle") or ""] if wide else []),
-                  e.get("precision") or "", *([(e.get("model_sha256") or "")[:12]] if wide else []),
-                  fmt(e.get("estimated_latency_ms")), fmt(e.get("measured_latency_ms")), res)
+    def table(when: bool) -> Table:
+        t = Table(title=f"results: {results.db_path()}", title_justify="left")
+        cols = ["id", *(["when (UTC)"] if when else []), "kind", "board", *(["bundle"] if wide else []), "precision",
+                *(["model"] if wide else []), "est. ms", "meas. ms", "result"]
+        for col in cols:  # short cells never wrap or truncate; the figures' headers may wrap between words
+            t.add_column(col, no_wrap=col not in ("board", "bundle", "est. ms", "meas. ms"), overflow="fold",
+                         justify="right" if "ms" in col else "left")
+        for e in rows:
+            fmt = lambda v: "—" if v is None else f"{v:.3g}"
+            res = {True: "[green]pass[/]", False: "[red]fail[/]"}.get(e.get("passed"), "")
+            stamp = e["at_utc"] if wide else e["at_utc"][5:16].replace("T", " ")  # MM-DD HH:MM
+            t.add_row(str(e["id"]), *([stamp] if when else []), e["kind"], e.get("board_id") or "",
+                      *([e.get("bundle") or ""] if wide else []), e.get("precision") or "",
+                      *([(e.get("model_sha256") or "")[:12]] if wide else []),
+                      fmt(e.get("estimated_latency_ms")), fmt(e.get("measured_latency_ms")), res)
+        return t
+
+    t = table(when=True)
+    if not fit(t) and not wide:  # at 80 columns the time goes first: whole board ids matter more (--json has it)
+        fit(t := table(when=False))
     console.print(t)

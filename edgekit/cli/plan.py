@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import SetOpt, ShapeOpt, app, console, err
+from edgekit.cli.common import SetOpt, ShapeOpt, app, console, err, fit
 
 
 def _num(v: float) -> str:
@@ -73,13 +73,13 @@ def plan(
                   f"{fmt_budget('ram_mb', b.ram_mb - overhead)}), "
                   f"storage {budget['storage_mb']}, latency {budget['latency_ms']}, power {budget['power_w']}"
                   + (f", energy {budget['energy_mj']}" if "energy_mj" in budget else "")
-                  + f", accuracy drop {_num(b.accuracy_drop_points)} points"
+                  + f", accuracy drop {_num(b.accuracy_drop_points)} point{'' if b.accuracy_drop_points == 1 else 's'}"
                   + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""), highlight=False)
     t = Table(title="candidates (estimates; RAM is the model's, each adds the runtime's "
                     f"{fmt_budget('ram_mb', overhead)})", title_justify="left")
     for col, just in (("candidate", "left"), ("model RAM MB", "right"), ("storage MB", "right"),
                       ("latency ms", "right"), ("energy mJ", "right"), ("fits", "left")):
-        t.add_column(col, justify=just)
+        t.add_column(col, justify=just, no_wrap=col == "candidate")
     chosen = p.choice.estimate.candidate
     for s in p.candidates:
         e = s.estimate
@@ -89,6 +89,7 @@ def plan(
                 "[red]no: " + ", ".join(f"{BUDGET_NAMES[k]} +{fmt_budget(k, v)}" for k, v in s.over.items()) + "[/]")
         t.add_row(e.candidate.label, f"{e.ram_mb - e.runtime_overhead_mb:.4g}", f"{e.storage_mb:.4g}",
                   f"{e.latency_ms:.4g}", f"{e.energy_mj:.4g}", fits + mark)
+    fit(t)
     console.print(t)
     for step in p.eval_steps:
         console.print(f"eval: {len(step.float_layers)} layer(s) kept float → accuracy {step.accuracy:.2%} "

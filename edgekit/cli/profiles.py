@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from edgekit.cli.common import SetOpt, app, boards_app, console
+from edgekit.cli.common import SetOpt, app, boards_app, console, fit
 
 
 @boards_app.callback()
@@ -35,6 +35,7 @@ def boards(
         row = [b.id, " ".join(b.targets), f"{b.ram_mb / 1024:g} GB", " ".join(b.precisions),
                " ".join(b.power_modes)]
         t.add_row(*row, *([b.description] if wide else []))
+    fit(t)
     console.print(t)
 
 
