@@ -199,7 +199,7 @@ def main() -> None:
                 print(json.dumps(row, default=str), flush=True)
     from edgekit import stages
 
-    c400 = len(stages.held_out(800, None, stages.draw(800, 400, None, seed=stages.GOLDEN_SEED)))  # as compress draws
+    c400 = len(stages.held_out(800, None, stages.draw(800, 400, None, seed=stages.GOLDEN_SEED)))  # as the data stage draws
     acc = labels is not None
     unit = "samples (lines upright and turned)" if acc else "lines"
     print(f"\nppocr-cls: agreement with float on the build's held-out eval lines (its cell: the zoo's 101; c400: "
