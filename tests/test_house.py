@@ -113,3 +113,42 @@ def test_pipeline_only_orchestrates():
 
     with pytest.raises(ValueError, match="stage 'convert' needs"):
         stages.check_order(["ingest", "convert"])
+
+
+def test_every_package_is_installed():
+    """A package missing from pyproject's list works in an editable install and is left out of a wheel."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {m for m, p in _modules().items() if p.name == "__init__.py"}
+    assert found - listed == set(), "packages missing from pyproject.toml [tool.setuptools] packages"
+
+
+MAX_LINES = 600  # one idea per module; past this a file is usually several
+
+
+def test_no_python_file_is_over_the_line_limit():
+    roots = ("edgekit", "converters", "firmware", "zoo", "bench", "tests", "examples")
+    long = {str(p.relative_to(ROOT)): n for r in roots for p in (ROOT / r).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"files over {MAX_LINES} lines: {long}"
+
+
+def _converter_of(module: str) -> str | None:
+    parts = module.split(".")
+    if len(parts) > 2 and parts[:2] == ["edgekit", "converters"] and parts[2] not in ("common", "job", "options",
+                                                                                        "capabilities"):
+        return parts[2]
+    return None
+
+
+def test_no_converter_imports_another_converter_or_the_trainer():
+    """What two converters share lives in edgekit.converters.common, below them; a converter reads a fine-tuned
+    model's record through edgekit.lineage, never through the trainer."""
+    bad = []
+    for m, deps in import_graph().items():
+        own = _converter_of(m)
+        if own is None:
+            continue
+        bad += [(m, d) for d in deps if (_converter_of(d) or own) != own or d.startswith("edgekit.finetune")]
+    assert not bad, bad
