@@ -184,7 +184,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
     inits = {i.name: i for i in g.initializer}
     # Constant nodes also carry weights in exported graphs; If branches and Loop/Scan bodies hold nodes,
     # initializers and Constants of their own, and use the outer graph's weights: each top-level node counts
-    # what its subgraphs hold and use (silero's whole network sits in the branches of one If)
+    # what its subgraphs hold and use (a whole network may sit in the branches of one If)
     subgraphs = [sg for n in g.node for sg in _subgraphs(n)]
     for sg in subgraphs:
         inits.update({i.name: i for i in sg.initializer})

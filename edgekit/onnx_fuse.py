@@ -7,8 +7,8 @@ itself; the PT2E quantizers (android, ios) and hls4ml do not. Here a ``Conv`` / 
 ``Mul`` and/or an ``Add`` by a constant that is one value or one value per output channel is folded into the
 layer's weights and bias (what BatchNormalization folding does), in float64: the same function up to float
 rounding. (HardSwish written out as ``x * clip(x + 3, 0, 6) / 6`` is fused where it matters, in android's INT8
-transform, converters/tflite_int8.py: fused here, Core ML's fp16 rounding of it moved a near-tie decision of
-ppocr-cls and its fp16 cell failed.)"""
+rewrites, converters/tflite/int8_rewrites.py: fused here, Core ML's fp16 rounding of the fused op moves
+near-tie decisions.)"""
 
 from __future__ import annotations
 

@@ -261,7 +261,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
                        else conv.keep_layers(job, artifact, names))
         except (ConversionError, UnsupportedOpError) as exc:
             # the search measures kept layers in torch; the target's converter may not lower one kept float
-            # (litert-torch: ppocr-cls' SE multiply kept float broke a broadcast): drop it and go on
+            # (litert-torch: a squeeze-excite multiply kept float can break a broadcast): drop it and go on
             lay = outcome.kept.pop()  # the layer added last (the search's own set: its last one)
             why = str(exc).split(": ", 1)[-1][:240]  # without the model's path
             unbuildable.append(f"{lay.name} ({why})")
@@ -292,8 +292,8 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
     outcome.seconds += time.perf_counter() - t0
     v = checked.verification
     share = len(outcome.kept) / max(1, len(search.layers))
-    if share > MAX_KEPT_SHARE:  # silero-vad: all 18 convolutions kept, not one Q/DQ left
-        # first where the build fails anyway (jetson silero-vad: 17 of 18 kept and a state still off by 15.7%):
+    if share > MAX_KEPT_SHARE:
+        # first where the build fails anyway (most layers kept and an output still off):
         # what the user should do next is this, not the last tolerance it misses
         v.failures.insert(0, (
             f"INT8 cannot hold this model on these inputs: mixed precision had to keep {len(outcome.kept)} of "

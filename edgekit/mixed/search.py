@@ -33,8 +33,8 @@ PLOT16 = "sensitivity-16x8.png"  # the 16x8 layer search's (android's last step)
 # the 16x8 search runs LiteRT's reference int16 kernels: at most this long per search build's run, in samples
 A16_SEARCH_RUN_S = 3.0
 A16_SEARCH_BUDGET_S = 240.0
-# ... and none where one 16x8 verification took longer: the search re-verifies up to 5 builds (ppocr-rec: 0.48 s a
-# line on LiteRT's reference kernels, about 80 s a verification; its zoo cell would pass the 900 s limit)
+# ... and none where one 16x8 verification took longer: the search re-verifies up to 5 builds, each on LiteRT's
+# reference int16 kernels, and a long sequence model would take many minutes
 A16_SEARCH_MAX_VERIFY_S = 60.0
 
 
@@ -59,8 +59,8 @@ class Search:
     # the ranking measures each layer's rounding at the model's output, alone (jetson: converters/tensorrt.py
     # _isolated_snr): the layers are then kept in rank order, the fewest ranked worst together that pass. A layer
     # kept alone measures less than it is worth where the layers after it round again: re-rounding snaps back
-    # part of the noise that came before it, which a float layer passes on (ppocr-cls: its first depthwise
-    # convolution's rounding alone is half of all-INT8's output noise, and kept float alone it gains -0.05 dB)
+    # part of the noise that came before it, which a float layer passes on (an early depthwise convolution can
+    # cause half of all-INT8's output noise and still gain nothing kept float alone)
     by_rank: bool = False
 
 
@@ -151,13 +151,13 @@ def weight_sqnr_db(w: np.ndarray, in_energy: np.ndarray, out_energy: float, grou
 # is a float build with a few INT8 layers, and calling it INT8 would hide that INT8 failed.
 MAX_KEPT_SHARE = 0.5
 # Where the first SPREAD_AFTER layers of the ranking each gain less than MIN_GAIN_DB kept alone, the scan stops: the
-# ranking puts a layer that matters first (PP-OCRv4's detector head, +9 dB, while its weights were floored), and a
+# ranking puts a layer that matters first (a detector head whose weights lose most of their resolution), and a
 # model whose error is spread would spend the whole time budget keeping layers that change nothing.
 SPREAD_AFTER = 4
 MIN_GAIN_DB = 0.25
 # ... unless the ``max_kept`` layers ranked worst, kept together, gain GROUP_MIN_GAIN_DB: then the error is spread over
-# many layers that matter together (ddddocr's YOLOX detector on jetson: each of the 4 worst +0.1 dB alone, the 16
-# worst together +5.8 dB, the 24 worst pass), and the fewest of them in rank order is searched (bisection, up to
+# many layers that matter together (each of the worst gains little alone, many of them together do), and the
+# fewest of them in rank order is searched (bisection, up to
 # MAX_KEPT_SHARE of the layers); where even that share does not pass, the error is spread over the model.
 GROUP_MIN_GAIN_DB = 1.0
 
@@ -234,8 +234,8 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
         if time.perf_counter() - t0 > budget_s / 2:  # a large graph: the scan gets half the time budget
             log(f"sensitivity scan stopped after {i - 1} layers (time budget {budget_s:.0f} s)")
             scanned = scanned[:i - 1]
-            # as below, on the layers the budget allowed: a greedy step over gains of +-0.1 dB keeps noise
-            # (ddddocr-ocr android: 3 measured, then 5 kept and the golden text agreement fell 89.1% -> 87.5%)
+            # as below, on the layers the budget allowed: a greedy step over gains of +-0.1 dB keeps layers
+            # chosen by measurement noise, which can make the golden agreement worse
             if len(scanned) >= 2 and (out := spread(scanned)) is not None:
                 return out
             break
@@ -254,8 +254,7 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
     if base_ok:
         # the search samples pass all-INT8, so they cannot say which layer fails the golden ones; they still
         # measure which layer's rounding costs the output most: the best of those is kept first, and the caller
-        # re-verifies on the golden samples, adding the next by gain (ddddocr-ocr android with --option lstm=float:
-        # its calibration lines pass, and one golden line's confidence moves 0.246)
+        # re-verifies on the golden samples, adding the next by gain
         gains = sorted((lay for lay in scanned if lay.gain_db is not None and lay.gain_db >= MIN_GAIN_DB),
                        key=lambda lay: -lay.gain_db)  # NaN compares False: left out; +inf (no noise left): first
         first = gains[:1]
@@ -343,8 +342,8 @@ def keep_layers(conv: Any, job: Any, artifact: Any, kept: list[str], calibration
     eq = first.get("depthwise_equalization")
     if eq:  # as the first build decided: the method's cached ranges are of the model it chose
         job.options["equalize"] = "on" if eq.get("applied") else "off"
-    # Core ML W8A8's ops kept fp32, as the first build measured them (measured again on every rebuild, ppocr-rec's
-    # search ran past the zoo's 900 s cell limit)
+    # Core ML W8A8's ops kept fp32, as the first build measured them (measuring them again on every rebuild makes
+    # a long search many times longer)
     if "fp32_ops" in artifact.meta:
         job.options["fp32_ops"] = artifact.meta["fp32_ops"]
     try:
