@@ -19,8 +19,8 @@ def alone(path, m) -> str:
     import onnx2torch
     import torch
 
-    from edgekit.ingest import parse_shapes
-    from edgekit.onnx_bridge import parse_consts, prepare
+    from edgekit.input_spec import parse_shapes
+    from edgekit.onnx_prepare import parse_consts, prepare
 
     try:
         prep = prepare(path, onnx.load(str(path)), parse_shapes(m.input_shape), parse_consts(m.const))
@@ -36,10 +36,10 @@ def main() -> None:
 
     from edgekit.errors import EdgekitError
     from edgekit.ingest import load_model
-    from edgekit.onnx_bridge import _stub_torchvision, bridge_model
+    from edgekit.onnx_bridge import bridge_model, stub_torchvision
     from edgekit.zoo import catalog, fetch
 
-    _stub_torchvision()
+    stub_torchvision()
     models = [(m, fetch(m)) for m in catalog() if not m.factory]
     first = {m.name: alone(p, m) for m, p in models}  # before edgekit's converters are registered
     print(f"{'model':16} {'onnx2torch alone':24} {'edgekit bridge':28} {'bridge s':>8} {'max |diff| vs ORT':>18}")

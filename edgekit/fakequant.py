@@ -113,10 +113,10 @@ def graph_module(model: Model):
     """The model's graph as a plain fx GraphModule: positional inputs -> tuple of outputs, no batch guard."""
     torch = require("torch")
     if model.is_tf:  # Keras / SavedModel: written to ONNX by tf2onnx (checked against TensorFlow), then bridged
-        from edgekit.ingest import _load_onnx
+        from edgekit.ingest_onnx import load_onnx
         from edgekit.tf_bridge import to_onnx_model
 
-        model = to_onnx_model(model, _load_onnx)
+        model = to_onnx_model(model, load_onnx)
     if model.kind == "onnx":  # rebuilt in torch by the onnx2torch bridge, checked against onnxruntime there
         from edgekit.onnx_bridge import bridge_model
 

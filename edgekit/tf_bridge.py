@@ -36,7 +36,8 @@ def to_onnx_model(model: Any, load_onnx: Callable[..., Any]) -> Any:
     """A Keras / SavedModel :class:`~edgekit.ingest.Model` as an ONNX Model (kind ``onnx``), checked against
     TensorFlow. Its source, digest and input layout stay the TensorFlow model's. ``load_onnx(path, shapes)`` is
     ingest's ONNX loader (passed in: ingest imports this module, not the other way round)."""
-    from edgekit.onnx_bridge import differs, scratch_dir
+    from edgekit.onnx_bridge import differs
+    from edgekit.onnx_prepare import scratch_dir
     from edgekit.quiet import capture_fd2, quiet_loggers
 
     tf = import_tensorflow()

@@ -54,7 +54,7 @@ def prepare_data(m: ZooModel, log=lambda s: None) -> Path:
 
 def _first_input(m: ZooModel) -> str:
     """The input the recipe feeds (the zoo's models have one input besides their --const ones)."""
-    from edgekit.ingest import parse_shapes
+    from edgekit.input_spec import parse_shapes
 
     named = [n for n, _ in parse_shapes(m.input_shape) if n]
     if named:
@@ -63,7 +63,7 @@ def _first_input(m: ZooModel) -> str:
         return "input_0"
     import onnx
 
-    from edgekit.onnx_bridge import model_inputs
+    from edgekit.onnx_prepare import model_inputs
 
     consts = {c.split("=")[0] for c in m.const}
     return next(i.name for i in model_inputs(onnx.load(str(fetch(m)))) if i.name not in consts)
