@@ -66,18 +66,19 @@ class A16:
 
 
 def a16_build(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
-    """``activations=int16``: the fp32 .tflite (:func:`~edgekit.converters.tflite.build.float_tflite`), then ai-edge-quantizer's
-    ``static_wi8_ai16`` recipe: int8 per-channel weights, int16 symmetric per-tensor activations. Ranges are
-    the min and max over every --calib batch: ai-edge-quantizer's own calibration keeps a moving average of
-    each batch's min/max (smoothing 0.95), which ends inside the data's range and clips the values beyond
-    it. Ops named in ``keep_float_tensors`` stay float. Returns the quantization record."""
+    """``activations=int16``: the fp32 .tflite (:func:`~edgekit.converters.tflite.build.float_tflite`), then
+    ai-edge-quantizer's ``static_wi8_ai16`` recipe: int8 per-channel weights, int16 symmetric per-tensor
+    activations. Ranges are the min and max over every --calib batch: ai-edge-quantizer's own calibration keeps a
+    moving average of each batch's min/max (smoothing 0.95), which ends inside the data's range and clips the
+    values beyond it. Ops named in ``keep_float_tensors`` stay float. Returns the quantization record."""
     a = a16_source(job, layout)
     kept = list(job.options.get("keep_float_tensors") or [])
     a16_write(job, a, dest, kept)
     job.log(f"16-bit activations: ai-edge-quantizer static_wi8_ai16, min/max ranges over {a.n_batches} batches"
             + (f"; {len(kept)} op(s) kept float" if kept else ""))
+    aeq = toolchain_versions("ai-edge-quantizer").get("ai-edge-quantizer", "?")
     info = {
-        "tool": f"ai-edge-quantizer {toolchain_versions('ai-edge-quantizer').get('ai-edge-quantizer', '?')} static_wi8_ai16 (TFLite 16x8)",
+        "tool": f"ai-edge-quantizer {aeq} static_wi8_ai16 (TFLite 16x8)",
         "weights": "int8 symmetric per-channel", "activations": "int16 symmetric per-tensor (min/max)",
         "io": "int16", "calibration_method": "minmax", "calibration_chosen": "min/max over every batch (16 bits "
         "leave room for the whole range)", "calibration_batches": a.n_batches,

@@ -156,7 +156,8 @@ class TFLiteConverter:
                      + ", ".join(f"{k} thread(s) {v:.3f} ms" for k, v in meta["host_latency_ms"].items()))
         return Artifact(
             format="tflite", precision=job.precision, primary=PRIMARY, files=[PRIMARY],
-            runtime=f"ai-edge-litert {toolchain_versions('ai-edge-litert').get('ai-edge-litert', '?')} interpreter (XNNPACK, {threads} threads)",
+            runtime=f"ai-edge-litert {toolchain_versions('ai-edge-litert').get('ai-edge-litert', '?')} interpreter "
+                    f"(XNNPACK, {threads} threads)",
             meta=meta, notes=notes,
         )
 

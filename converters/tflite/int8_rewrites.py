@@ -15,8 +15,8 @@ SOFTMAX after an unannotated op ...). Two steps close that gap:
                    ``a * rsqrt(b)`` and ``a / c`` (a constant) ``a * (1 / c)``: a LayerNorm written out
                    (paddle2onnx, older exporters) then runs on TFLite's int8 MUL / RSQRT / MEAN / SUB;
                    a transposed conv whose kernel equals its stride (an r x r up-sampling, as a DB
-                   text detector's head makes) becomes a 1x1 conv to out x r x r channels and a pixel shuffle (int8 RESHAPE /
-                   TRANSPOSE in the .tflite):
+                   text detector's head makes) becomes a 1x1 conv to out x r x r channels and a pixel
+                   shuffle (int8 RESHAPE / TRANSPOSE in the .tflite):
                    litert-torch lowers conv_transpose to a float TRANSPOSE_CONV even where annotated.
 ``annotate(gm, cfg)``  (after litert-torch's annotators) gives every remaining op with an int8
                    kernel its quantization spec, by how TFLite's int8 kernel treats scales
