@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 from flash_support import digits_build, digits_bundle
-from hostile import DIGITS, Case, cases, make_victim
+from hostile import Case, cases, make_victim
+from hostile_data import DIGITS
 
 SIGNALS = {"TERM": signal.SIGTERM, "INT": signal.SIGINT, "KILL": signal.SIGKILL}
 

@@ -12,15 +12,16 @@ Placeholders in ``argv``: ``{S}`` the scratch folder, ``{V}`` the victim folder,
 payload marker path, ``{G}`` the good digits build, ``{B}`` the good digits bundle,
 ``{MODEL}``, ``{CALIB}``, ``{EVAL}`` the digits example.
 
+The files are built by kind of input: ``hostile_models`` (model files), ``hostile_data`` (data
+files), ``hostile_bundles`` (bundles and manifests), ``hostile_payload`` (the pickle whose loading
+leaves the marker).
+
 Run ``python tests/support/hostile.py OUT`` to write every case's files into OUT for a look.
 """
 
 from __future__ import annotations
 
-import io
-import json
 import os
-import pickle
 import tarfile
 import zipfile
 from collections.abc import Callable
@@ -28,11 +29,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[2]
-DIGITS = ROOT / "examples" / "digits"
-MODEL = DIGITS / "digits_cnn.pt2"
-PREFIX = "digits_cnn/"
+from hostile_bundles import bomb_bundle, bundle_with, link, symlink_chain_bundle
+from hostile_data import digits_x, npy_header_bomb, npz, npz_bomb, object_npz
+from hostile_models import (
+    MODEL,
+    PREFIX,
+    finetune_record_naming,
+    finetune_record_wild_ranges,
+    flip_byte,
+    keras_with_lambda,
+    members,
+    model_json,
+    pt2_with,
+    saved_model_touching_files,
+    weights_config_pickled,
+    write_zip,
+)
+from hostile_payload import evil_pickle, evil_torch_save
 
 
 @dataclass
@@ -48,277 +61,6 @@ class Case:
     signal_when: str = ".out.tmp-*"
     needs_mount: bool = False  # the case mounts a tiny tmpfs (root only); skipped where mount is refused
     one_line: bool = True
-
-
-# ---------------------------------------------------------------- payloads
-
-
-class Payload:
-    """Unpickling this creates the marker file: proof that code from the file ran."""
-
-    def __init__(self, marker: Path) -> None:
-        self.marker = str(marker)
-
-    def __reduce__(self):
-        return (open, (self.marker, "w"))
-
-
-def evil_pickle(marker: Path) -> bytes:
-    return pickle.dumps(Payload(marker), protocol=2)
-
-
-def evil_torch_save(marker: Path) -> bytes:
-    """A ``torch.save`` zip (the format of a .pt2's sample_inputs and pickled weights) holding the payload."""
-    import torch
-
-    buf = io.BytesIO()
-    torch.save(Payload(marker), buf)
-    return buf.getvalue()
-
-
-# ---------------------------------------------------------------- .pt2 surgery
-
-
-def members(path: Path = MODEL) -> dict[str, bytes]:
-    with zipfile.ZipFile(path) as zf:
-        return {n: zf.read(n) for n in zf.namelist()}
-
-
-def write_zip(dest: Path, files: dict[str, bytes], compress: int = zipfile.ZIP_STORED) -> Path:
-    with zipfile.ZipFile(dest, "w", compress) as zf:
-        for n, data in files.items():
-            zf.writestr(n, data)
-    return dest
-
-
-def pt2_with(dest: Path, **changes: bytes | None) -> Path:
-    """The digits .pt2 with members replaced (name relative to the archive folder; None drops it)."""
-    files = members()
-    for short, data in changes.items():
-        key = PREFIX + short.replace("__", "/")
-        if data is None:
-            files.pop(key, None)
-        else:
-            files[key] = data
-    return write_zip(dest, files)
-
-
-def model_json(edit: Callable[[dict], None]) -> bytes:
-    doc = json.loads(members()[PREFIX + "models/model.json"])
-    edit(doc)
-    return json.dumps(doc).encode()
-
-
-def finetune_record_naming(s: Path, v: Path, m: Path) -> Path:
-    """The digits .pt2 with an `edgekit finetune` record that names a file of the victim's as its original."""
-    (v / "secret.onnx").write_bytes(b"the victim's own file, not a model")
-    record = {"finetuned_from": {"path": str(v / "secret.onnx"), "abspath": 7, "sha256": 12}, "data_samples": 5,
-              "recipe": "not a dict"}
-    return pt2_with(s / "m.pt2", **{"extra__edgekit-finetune.json": json.dumps(record).encode()})
-
-
-def finetune_record_wild_ranges(s: Path, v: Path, m: Path) -> Path:
-    """A jetson finetune record whose activation ranges are +-1e30 and whose original is a file of the victim's: with
-    ``--option student_ranges=on`` the ranges are imposed (numbers are numbers), the victim's file is not read as a
-    model, and the build is checked against its own weights, where it fails."""
-    (v / "secret.onnx").write_bytes(b"the victim's own file, not a model")
-    record = {"finetuned_from": {"path": str(v / "secret.onnx"), "abspath": str(v / "secret.onnx"), "sha256": "0" * 64},
-              "recipe": {"target": "jetson"}, "activation_ranges": [[-1e30, 1e30]] * 5}
-    return pt2_with(s / "m.pt2", **{"extra__edgekit-finetune.json": json.dumps(record).encode()})
-
-
-def flip_byte(src: Path, dest: Path, member: str) -> Path:
-    """Flip one byte of a member's data in place; the zip's CRC is left as it was."""
-    data = bytearray(src.read_bytes())
-    with zipfile.ZipFile(src) as zf:
-        info = zf.getinfo(member)
-    off = info.header_offset  # the local header's own name and extra lengths (they may differ from the central ones)
-    name_len, extra_len = int.from_bytes(data[off + 26:off + 28], "little"), int.from_bytes(data[off + 28:off + 30], "little")
-    start = off + 30 + name_len + extra_len
-    data[start + min(10, info.file_size - 1)] ^= 0xFF
-    dest.write_bytes(bytes(data))
-    return dest
-
-
-def weights_config_pickled(name: str) -> bytes:
-    cfg = json.loads(members()[PREFIX + "data/weights/model_weights_config.json"])
-    cfg["config"][name]["use_pickle"] = True
-    return json.dumps(cfg).encode()
-
-
-# ---------------------------------------------------------------- data files
-
-
-def npz(dest: Path, **arrays: np.ndarray) -> Path:
-    with open(dest, "wb") as f:
-        np.savez(f, **arrays)
-    return dest
-
-
-def digits_x(n: int = 32) -> np.ndarray:
-    with np.load(DIGITS / "calib.npz") as z:
-        return z[z.files[0]][:n].astype(np.float32)
-
-
-def npy_header_bomb(dest: Path, samples: int) -> Path:
-    """A .npy whose header claims ``samples`` digits images; the data is not there."""
-    header = {"descr": "<f4", "fortran_order": False, "shape": (samples, 1, 8, 8)}
-    with open(dest, "wb") as f:
-        np.lib.format.write_array_header_1_0(f, header)
-        f.write(b"\0" * 1024)
-    return dest
-
-
-def npz_bomb(dest: Path, gib: float) -> Path:
-    """A small deflated .npz whose one array expands to ``gib`` GiB of zeros (streamed, never in memory)."""
-    n = int(gib * 2**30 / (64 * 4))
-    header = {"descr": "<f4", "fortran_order": False, "shape": (n, 1, 8, 8)}
-    with zipfile.ZipFile(dest, "w", zipfile.ZIP_DEFLATED, compresslevel=1) as zf, \
-            zf.open("x.npy", "w", force_zip64=True) as f:
-        np.lib.format.write_array_header_1_0(f, header)
-        block = b"\0" * (1 << 24)
-        left = n * 64 * 4
-        while left > 0:
-            f.write(block[: min(left, len(block))])
-            left -= len(block)
-    return dest
-
-
-def object_npz(dest: Path, marker: Path) -> Path:
-    arr = np.empty(1, dtype=object)
-    arr[0] = Payload(marker)
-    with open(dest, "wb") as f:
-        np.savez(f, x=arr)
-    return dest
-
-
-# ---------------------------------------------------------------- TensorFlow / Keras
-
-
-def saved_model_touching_files(dest: Path, marker: Path, read: Path | None = None) -> Path:
-    """A SavedModel whose serving function writes ``marker`` (or reads ``read``) when it runs."""
-    import tensorflow as tf
-
-    class M(tf.Module):
-        def __init__(self) -> None:
-            self.w = tf.Variable(tf.ones([4, 2]))
-
-        @tf.function(input_signature=[tf.TensorSpec([1, 4], tf.float32)])
-        def serve(self, x):
-            if read is not None:
-                x = x + tf.cast(tf.strings.length(tf.io.read_file(str(read))), tf.float32) * 0.0
-            else:
-                tf.io.write_file(str(marker), "payload ran")
-            return {"y": tf.matmul(x, self.w)}
-
-    m = M()
-    tf.saved_model.save(m, str(dest), signatures={"serving_default": m.serve})
-    return dest
-
-
-def keras_with_lambda(dest: Path, marker: Path) -> Path:
-    import keras
-
-    path = str(marker)
-
-    def payload(t):
-        open(path, "w").write("payload ran")  # noqa: SIM115 - runs only if Keras deserializes the lambda
-        return t * 2
-
-    inp = keras.Input((4,))
-    keras.Model(inp, keras.layers.Lambda(lambda t: payload(t))(inp)).save(dest)
-    if marker.exists():
-        marker.unlink()  # written while building; the case checks that loading does not write it again
-    return dest
-
-
-# ---------------------------------------------------------------- bundles
-
-
-def bundle_members(bundle: Path) -> list[tuple[tarfile.TarInfo, bytes | None]]:
-    with tarfile.open(bundle) as tar:
-        return [(m, tar.extractfile(m).read() if m.isfile() else None) for m in tar.getmembers()]
-
-
-def write_tar(dest: Path, items: list[tuple[tarfile.TarInfo, bytes | io.RawIOBase | None]]) -> Path:
-    with tarfile.open(dest, "w:gz", compresslevel=1) as tar:
-        for info, data in items:
-            if isinstance(data, bytes):
-                info.size = len(data)
-                tar.addfile(info, io.BytesIO(data))
-            else:
-                tar.addfile(info, data)
-    return dest
-
-
-def bundle_with(dest: Path, good: Path, edit: Callable[[dict], None] | None = None,
-                raw_manifest: bytes | None = None, extra: list | None = None, first: list | None = None) -> Path:
-    items = []
-    for info, data in bundle_members(good):
-        if info.name == "manifest.json":
-            if raw_manifest is not None:
-                data = raw_manifest
-            elif edit is not None:
-                man = json.loads(data)
-                edit(man)
-                data = json.dumps(man).encode()
-        items.append((info, data))
-    return write_tar(dest, (first or []) + items + (extra or []))
-
-
-class Zeros(io.RawIOBase):
-    def __init__(self, n: int) -> None:
-        self.left = n
-
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        k = self.left if size < 0 else min(size, self.left)
-        self.left -= k
-        return b"\0" * k
-
-
-def zeros_sha256(n: int) -> str:
-    import hashlib
-
-    h, block = hashlib.sha256(), b"\0" * (1 << 24)
-    while n > 0:
-        h.update(block[: min(n, len(block))])
-        n -= len(block)
-    return h.hexdigest()
-
-
-def bomb_bundle(dest: Path, good: Path, nbytes: int) -> Path:
-    """A bundle with one member of ``nbytes`` zeros, listed in the manifest with its right sha256."""
-    def edit(man: dict) -> None:
-        man["files"]["pad.bin"] = {"sha256": zeros_sha256(nbytes), "bytes": nbytes}
-
-    info = tarfile.TarInfo("pad.bin")
-    info.size = nbytes
-    return bundle_with(dest, good, edit, extra=[(info, Zeros(nbytes))])
-
-
-def link(name: str, target: str) -> tuple[tarfile.TarInfo, None]:
-    info = tarfile.TarInfo(name)
-    info.type, info.linkname = tarfile.SYMTYPE, target
-    return info, None
-
-
-def symlink_chain_bundle(dest: Path, good: Path, secret: Path) -> Path:
-    """``s -> .``, ``x1 -> s/..``, ... ``x10 -> x9/..`` (deepest first) and a manifest file ``x10/<secret>``
-    with the secret's right sha256: a flash that follows the chain copies a host file to the board."""
-    import hashlib
-
-    rel = "x10/" + str(secret).lstrip("/")
-    chain = [link("x10", "x9/..")] + [link(f"x{i}", f"x{i - 1}/..") for i in range(9, 1, -1)]
-    chain += [link("x1", "s/.."), link("s", ".")]
-
-    def edit(man: dict) -> None:
-        data = secret.read_bytes()
-        man["files"][rel] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-
-    return bundle_with(dest, good, edit, first=chain)
 
 
 # ---------------------------------------------------------------- the victim: a user's files beside each case
