@@ -1,4 +1,4 @@
-"""An exact rewrite of an ONNX graph that leaves fewer places to quantize (run by ``onnx_bridge.prepare``).
+"""An exact rewrite of an ONNX graph that leaves fewer places to quantize (run by ``onnx_prepare.prepare``).
 
 Exporters write some layers as chains of elementwise ops: paddle2onnx writes PP-LCNet's learnable affine blocks as
 ``Mul(a, conv(x))`` then ``Add(.., b)``, and some BatchNorms the same way. A float runtime does not care; an INT8
