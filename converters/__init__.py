@@ -136,6 +136,8 @@ def _describe(field: Any) -> str:
         return "true or false"
     if int in (ann, *get_args(ann)):
         return "an integer"
+    if any(get_origin(a) is dict for a in (ann, *get_args(ann))):
+        return "written by edgekit's own rebuilds"
     return "node names, comma-separated"
 
 

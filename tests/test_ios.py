@@ -1,7 +1,7 @@
 """iOS / Core ML target on the digits example: real coremltools conversions, checked on Linux.
 
 Core ML predict needs macOS: here the package's decompressed MIL program runs in torch
-(converters/coreml_mil.py); tests that need Core ML itself skip off macOS.
+(converters/coreml/interpreter.py); tests that need Core ML itself skip off macOS.
 """
 
 from __future__ import annotations

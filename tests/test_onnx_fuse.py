@@ -1,6 +1,6 @@
 """Exact rewrites before quantization: Mul/Add by a per-channel constant after a Conv / ConvTranspose is folded
 into its weights (edgekit/onnx_fuse.py, every target), HardSwish as paddle2onnx writes it becomes one HARD_SWISH op
-in android's INT8 build (converters/tflite_int8.py). Each graph is built here the way the exporter writes it;
+in android's INT8 build (converters/tflite/int8_rewrites.py). Each graph is built here the way the exporter writes it;
 onnxruntime runs the file as given and as prepared (the same function), and the real PP-OCR cls model converts to
 a passing android INT8 build (tests/test_zoo.py)."""
 

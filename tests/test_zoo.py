@@ -81,7 +81,7 @@ def test_int8_cells_pass_with_agreement_or_fail_for_a_stated_reason(results):
         assert c["status"] == "pass", (t, c.get("reason"))
         assert c["eval_samples"] and c["eval_agreement"], t
         # ppocr-cls on single text lines: its decisions hold (>= 95% of 101 held-out lines). On android it passes
-        # since paddle2onnx's written-out HardSwish is one HARD_SWISH op (converters/tflite_int8.py; max error 46% ->
+        # since paddle2onnx's written-out HardSwish is one HARD_SWISH op (converters/tflite/int8_rewrites.py; max error 46% ->
         # 14.7%). On jetson a probability moves by more than the 15% INT8 tolerance (RapidOCR rotates a line at
         # >= 0.9): built, verified, and failed for it
         c = cells[("ppocr-cls", t, "int8")]

@@ -56,7 +56,7 @@ class Search:
     # the calibration method that measured best with these layers kept, where ``outputs`` measures several (a
     # layer kept float changes which activation ranges are best downstream); None: the first build's method
     calibration_for: Callable[[list[str]], str | None] | None = None
-    # the ranking measures each layer's rounding at the model's output, alone (jetson: converters/tensorrt.py
+    # the ranking measures each layer's rounding at the model's output, alone (jetson: converters/tensorrt/search.py
     # _isolated_snr): the layers are then kept in rank order, the fewest ranked worst together that pass. A layer
     # kept alone measures less than it is worth where the layers after it round again: re-rounding snaps back
     # part of the noise that came before it, which a float layer passes on (an early depthwise convolution can
