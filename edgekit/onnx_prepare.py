@@ -221,3 +221,4 @@ def scratch_dir() -> Path:
         stack = contextlib.ExitStack()
         _SCRATCH.append((stack.enter_context(work_dir("edgekit-onnx-")), stack))
         atexit.register(stack.close)
+    return _SCRATCH[0][0]
