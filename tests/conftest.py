@@ -26,14 +26,16 @@ def digits() -> dict[str, Path]:
 def _isolated_user_dirs(tmp_path_factory):
     """Tests touch nothing outside pytest's own temporary folder. Session-scoped, so it is set up before any
     module-scoped fixture builds something: edgekit's data folder (results store, calibration fits) and TMPDIR
-    (edgekit's work folders, the toolchains' caches, subprocesses) all live under the session's basetemp."""
+    (edgekit's work folders, the toolchains' caches, subprocesses) and HOME (where the host board flashes) all live
+    under the session's basetemp."""
     import tempfile
 
     base = tmp_path_factory.getbasetemp()
-    data, tmp = base / "edgekit-data", base / "tmp"
-    data.mkdir(exist_ok=True)
-    tmp.mkdir(exist_ok=True)
+    data, tmp, home = base / "edgekit-data", base / "tmp", base / "home"
+    for d in (data, tmp, home):
+        d.mkdir(exist_ok=True)
     mp = pytest.MonkeyPatch()
+    mp.setenv("HOME", str(home))  # the host board flashes to ~/edgekit: each test run (and xdist worker) its own
     mp.setenv("EDGEKIT_DATA_DIR", str(data))
     mp.setenv("EDGEKIT_RESULTS_DB", str(data / "results.sqlite"))
     mp.setenv("TMPDIR", str(tmp))

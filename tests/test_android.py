@@ -26,6 +26,7 @@ def int8_build(digits, tmp_path_factory):
                    eval_data=str(digits["eval"]))
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_int8_full_integer_with_int8_io(int8_build):
     man = int8_build.manifest
     art = man["artifact"]
@@ -218,6 +219,7 @@ def test_profiles_valid_and_cpu_figures():
         assert b.budgets.power_w <= max(m.power_w for m in b.power_modes.values())
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_int8_with_float_io(digits, tmp_path):
     res = convert(digits["model"], "android", tmp_path / "iof", precision="int8", calib=str(digits["calib"]),
                   eval_data=str(digits["eval"]), options={"io": "float"})

@@ -13,6 +13,8 @@ import pytest
 from edgekit.errors import ConversionError
 from edgekit.pipeline import convert
 
+pytestmark = pytest.mark.slow  # long toolchain builds: in the full run (pytest -m 'not zoo')
+
 pytest.importorskip("ai_edge_quantizer")
 pytest.importorskip("litert_torch")
 

@@ -17,6 +17,8 @@ from torch import nn  # noqa: E402
 
 from edgekit.pipeline import convert  # noqa: E402
 
+pytestmark = pytest.mark.slow  # long toolchain builds: in the full run (pytest -m 'not zoo')
+
 
 class OpsNet(nn.Module):
     def __init__(self) -> None:

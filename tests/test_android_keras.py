@@ -334,6 +334,7 @@ def test_int8_failure_on_keras_input_says_why_no_layer_was_searched(kd, tmp_path
     assert "not searched" in (res.out_dir / "report.md").read_text()
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_keras_through_onnx_on_android_takes_pt2e_and_mixed_precision(kd, tmp_path):
     """--option keras=onnx: the Keras model reaches android through tf2onnx and onnx2torch, is quantized by PT2E
     (per-channel weights, the observer measured), keeps digits accuracy within a point, and where INT8 fails a
@@ -355,6 +356,7 @@ def test_keras_through_onnx_on_android_takes_pt2e_and_mixed_precision(kd, tmp_pa
     assert mp is not None and mp.get("searched", True) is not False and mp["scanned"], mp
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_finetune_takes_a_keras_model_through_onnx_and_convert_measures_it_against_the_keras_file(kd, tmp_path):
     """A Keras model has no trainable graph in TensorFlow here: finetune writes it to ONNX (tf2onnx, checked against
     TensorFlow), rebuilds it in torch (onnx2torch) and trains that; the output is a .pt2 with the Keras model's NHWC

@@ -86,6 +86,7 @@ def test_stock_litert_quantizer_leaves_float_adds_and_audit_catches_them(data, t
     assert "InvertedResidual" in format_float_ops(rep["float_ops"])  # names the node that made it
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_mbv2_nhwc_layout_has_no_transpose(data, tmp_path):
     res = convert(MODEL, "android", tmp_path / "nhwc", precision="int8", calib=data["calib"],
                   options={"layout": "nhwc"})

@@ -59,6 +59,7 @@ def _int8_vs_float(digits, model_path, out_dir):
             "kl": kl, "n": len(x), "manifest": res.manifest, "verification": res.verification}
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_finetune_brings_int8_closer_to_float_after_convert(digits, tuned, tmp_path):
     """Plain PTQ of the float model vs PTQ of the fine-tuned weights, both through `convert --precision int8`,
     judged against the original float model on 450 held-out inputs. Measured: KL 1.7e-4 -> 0.9e-4, agreement
@@ -181,6 +182,7 @@ def test_bad_input_is_refused_cleanly(digits, tmp_path):
     assert not list(tmp_path.glob("x.pt2*"))
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_torchrun_two_processes_match_one(digits, tmp_path):
     """`torchrun --nproc-per-node 2 -m edgekit finetune` (gloo, 2 CPU processes, 16 samples each per global batch
     of 32, the same data order) ends at the loss one process reaches, within 1e-4 relative (float sums in another
@@ -454,6 +456,7 @@ def test_holdout_line_calls_out_a_fall_in_agreement_or_a_rise_in_loss():
     assert "--" not in holdout_line({**h, "agreement_before": None, "agreement_after": None})
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_jetson_convert_imposes_the_ranges_the_student_trained_with(digits, tuned, tmp_path):
     """The activation ranges the student trained with flow back: a jetson INT8 convert of the fine-tuned .pt2 finds
     the ONNX tensors that hold each fake-quant point's values and quantizes them at the student's scale
@@ -492,6 +495,7 @@ def test_jetson_convert_imposes_the_ranges_the_student_trained_with(digits, tune
             assert v.reference_model is None and res.manifest["verification"]["reference_model"] is None
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_learned_ranges_train_from_min_max_and_flow_into_the_build(digits, tuned, tmp_path):
     """``learn_ranges``: each activation scale starts at the min/max one and trains with the weights (LSQ). The
     record holds the learned grid (symmetric on jetson), and a jetson convert with ``student_ranges=on`` puts
@@ -520,6 +524,7 @@ def test_learned_ranges_train_from_min_max_and_flow_into_the_build(digits, tuned
     assert out.verification.passed, out.verification
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_crafted_student_ranges_are_refused_and_the_build_calibrates(digits, tuned, tmp_path):
     """A record whose activation ranges were rewritten (text, NaN, or more points than the program has) imposes
     nothing under ``student_ranges=on``: convert says why in the manifest, calibrates from --calib and checks

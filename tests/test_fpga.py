@@ -194,6 +194,7 @@ def test_smoke_on_host(mlp_bundle, tmp_path):
     assert next(c for c in r2["checks"] if c["name"] == "golden")["passed"] is False
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_mismatch_names_the_first_layer(tmp_path):
     """Corrupt the QONNX reference's first bias after compiling: the runner must fail at that layer."""
     from edgekit.converters import ConvertJob, get_converter
@@ -263,7 +264,8 @@ def _digits_mlp(tmp_path, head, hidden=32, train=True):
     return tmp_path / "mlp.pt2"
 
 
-@pytest.mark.parametrize("head", ["softmax", pytest.param("sigmoid", marks=pytest.mark.slow)])  # two C-sim compiles each
+@pytest.mark.slow  # two C-sim compiles each: in the full run (pytest -m 'not zoo')
+@pytest.mark.parametrize("head", ["softmax", "sigmoid"])
 def test_table_activation_head_on_the_fabric(tmp_path, head):
     """Softmax / Sigmoid after the logits run on the fabric as hls4ml lookup tables: every layer before them is
     bit-exact (traced), the table's output within its resolution of the exact function, the class kept."""

@@ -134,6 +134,7 @@ def run_case(c: Case, base: Path) -> dict:
             subprocess.run(["umount", str(s / "full")], capture_output=True)
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_hostile_corpus(tmp_path_factory):
     base = tmp_path_factory.mktemp("hostile")
     digits_bundle()  # the good build and bundle, made once before the cases run in parallel

@@ -405,6 +405,7 @@ def test_w8a8_on_linux_takes_an_onnx_comparison(tmp_path):
 
 
 @pytest.mark.skipif(ON_MAC, reason="on macOS W8A8 is calibrated by Core ML, which keeps no chosen layer fp16")
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_w8a8_failure_keeps_the_fewest_layers_fp16_and_passes(digits, tmp_path):
     """plan_nets.digits_int8_fragile (trained digits weights whose head per-channel INT8 cannot hold: all-INT8
     accuracy collapses to ~10%) on ios W8A8: the mixed-precision search finds the head, the rebuilt package keeps

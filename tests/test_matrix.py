@@ -242,6 +242,7 @@ def ray_cluster(tmp_path_factory):
     mp.undo()
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_ray_gives_the_same_table_as_the_pool(pool_run, ray_cluster, tmp_path):
     d, _ = pool_run
     spec = _spec(tmp_path)

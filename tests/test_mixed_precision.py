@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent / "support"))  # plan_nets:digits_i
 FRAGILE, SHAPE = "plan_nets:digits_int8_fragile", ["1,1,8,8"]
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_jetson_calibration_is_chosen_by_measurement_and_recorded(digits, tmp_path):
     res = convert(str(digits["model"]), target="jetson", precision="int8", calib=str(digits["calib"]),
                   out=tmp_path / "b")
@@ -57,6 +58,7 @@ def test_mse_calibration_picks_the_range_of_least_quantization_error():
     assert mse(float(hi)) <= 1.02 * min(mse(t) for t in grid) < mse(float(x.max()))
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_jetson_int8_failure_keeps_the_fewest_layers_float_and_passes(digits, tmp_path):
     """plan_nets.digits_int8_fragile: trained digits weights where per-channel INT8 cannot hold the head
     (all-INT8 accuracy collapses to ~10%). Mixed precision finds the head, keeps it out of Q/DQ, and the

@@ -20,6 +20,7 @@ from edgekit.profiles import load_board
 sys.path.insert(0, str(Path(__file__).parent / "support"))  # plan_nets:digits
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_eval_keeps_sensitive_layers_float(digits, tmp_path):
     """INT8 loses most of the accuracy here (plan_nets.digits_int8_fragile: the head cannot be held in
     INT8), so the sensitivity path always runs: the head is found, kept fp32, and the drop is met."""

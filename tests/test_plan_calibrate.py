@@ -135,6 +135,7 @@ def test_fit_recovers_the_constants_that_made_the_latencies(mnv2_stats, digits):
     assert "efficiency.fp16" not in f["fitted"] and "class_efficiency.dwconv" in f["fitted"]
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_calibrate_host_fits_and_later_plans_use_it(digits):
     from edgekit.calibrate import calibrate
     from edgekit.calibration_store import load_fit, store_path

@@ -22,6 +22,7 @@ def _convert(digits, out, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 @pytest.mark.parametrize("target, precision", [("jetson", "int8"), ("android", "auto"), ("ios", "auto")])
 def test_convert_stderr_holds_only_edgekit_lines(digits, tmp_path, target, precision):
     out = tmp_path / target

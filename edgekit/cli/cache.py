@@ -35,7 +35,7 @@ def ls(cache_dir: CacheDirOpt = None) -> None:
         for e in found:
             what = [f"{e.target} {e.precision or ''}".strip() + f"\n{e.board}" if e.board else e.target] if stacked \
                 else [e.target, e.board or "—", e.precision or "—"]
-            t.add_row(e.key[:8] if stacked else e.key[:12], e.kind, Path(e.model).name if stacked else e.model,
+            t.add_row(e.key[:12], e.kind, Path(e.model).name if stacked else e.model,
                       *what, mb(e.bytes), f"{age(e.built_utc)} ago")
         return t
 
