@@ -265,6 +265,7 @@ def test_op_without_int8_kernel_refused_then_allowed(tmp_path, monkeypatch, caps
     assert res.verification.passed and any("stay float" in w for w in res.warnings)
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_keras_and_saved_model_reach_jetson_and_ios_through_onnx(kd, tmp_path):
     """TensorFlow models for the targets whose converters read ONNX / torch go through tf2onnx (edgekit.tf_bridge):
     the jetson INT8 build keeps digits accuracy within a point of Keras's own, the iOS fp16 build from the

@@ -55,6 +55,7 @@ def three(tmp_path):
         s.stop()
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 @needs_sshd
 def test_one_board_killed_mid_flash_the_others_finish_and_a_rerun_resumes_it(three, tmp_path):
     servers, dests, fleet_file = three

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "onnx", "onnxruntime", "tensorflow", "coremltools", "hls4ml", "onnxslim", "ai_edge_litert")
 
 
@@ -69,6 +71,7 @@ def test_convert_cli_quickstart(digits, tmp_path):
     assert "accuracy (450 samples)" in proc.stdout
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_convert_tolerance_flag_sets_the_bar(digits, tmp_path):
     """--tolerance replaces the target's bar for the build (recorded in the manifest): one that LiteRT's float
     kernels cannot meet against torch (summation order) fails verification, non-zero exit, naming the error."""

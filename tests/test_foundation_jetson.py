@@ -173,6 +173,7 @@ def test_device_runner_keeps_to_python36_syntax():
         assert "from __future__ import annotations" not in src
 
 
+@pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_int8_needs_calibration_or_explicit_random(digits, tmp_path):
     with pytest.raises(InputSpecError, match="--calib"):
         convert(digits["model"], "jetson", tmp_path / "x", precision="int8")
