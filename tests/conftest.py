@@ -10,6 +10,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 DIGITS = ROOT / "examples" / "digits"
+# the CLI's rich consoles are made at import and size themselves by COLUMNS (80 where no terminal is attached,
+# as in an xdist worker): tests read whole lines of its output, so it is wide here; the 80-column tests set
+# COLUMNS=80 for the processes they start
+os.environ["COLUMNS"] = "200"
 # test helpers (model builders, fake servers, the hostile corpus) live in tests/support/
 sys.path.insert(0, str(Path(__file__).resolve().parent / "support"))
 

@@ -236,10 +236,18 @@ def ray_cluster(tmp_path_factory):
     ray = pytest.importorskip("ray", reason="Ray is not installed (pip install 'edgekit[ray]')")
     mp = pytest.MonkeyPatch()
     mp.setenv("HOME", str(tmp_path_factory.mktemp("ray-home")))
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    # Ray's sockets live under its temp folder and an AF_UNIX path holds at most 107 bytes: pytest's folder (one
+    # per xdist worker) is too deep, so the cluster gets a short folder of its own, removed afterwards
+    import shutil
+    import tempfile
+
+    short = tempfile.mkdtemp(prefix="ekray-", dir="/tmp")
+    mp.setenv("TMPDIR", short)  # the driver process the test starts makes its Ray folder there too
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, _temp_dir=short)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
     mp.undo()
+    shutil.rmtree(short, ignore_errors=True)
 
 
 @pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')

@@ -173,7 +173,7 @@ def results_cmd(
         print(json.dumps(rows, indent=2, default=str))
         return
     def table(when: bool) -> Table:
-        t = Table(title=f"results: {results.db_path()}", title_justify="left")
+        t = Table()  # the store's path goes on a line of its own: a table wraps its title to the table's width
         cols = ["id", *(["when (UTC)"] if when else []), "kind", "board", *(["bundle"] if wide else []), "precision",
                 *(["model"] if wide else []), "est. ms", "meas. ms", "result"]
         for col in cols:  # short cells never wrap or truncate; the figures' headers may wrap between words
@@ -192,4 +192,5 @@ def results_cmd(
     t = table(when=True)
     if not fit(t) and not wide:  # at 80 columns the time goes first: whole board ids matter more (--json has it)
         fit(t := table(when=False))
+    console.print(f"results: {results.db_path()}", highlight=False)
     console.print(t)

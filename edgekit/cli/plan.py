@@ -74,8 +74,7 @@ def plan(
                   f"storage {budget['storage_mb']}, latency {budget['latency_ms']}, power {budget['power_w']}"
                   + (f", energy {budget['energy_mj']}" if "energy_mj" in budget else "")
                   + f", accuracy drop {_num(b.accuracy_drop_points)} point{'' if b.accuracy_drop_points == 1 else 's'}"
-                  + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""), highlight=False,
-                  soft_wrap=True)  # a sentence: the terminal wraps it, no newline is written into it
+                  + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""), highlight=False)
     t = Table(title="candidates (estimates; RAM is the model's, each adds the runtime's "
                     f"{fmt_budget('ram_mb', overhead)})", title_justify="left")
     for col, just in (("candidate", "left"), ("model RAM MB", "right"), ("storage MB", "right"),
@@ -98,8 +97,8 @@ def plan(
     if p.build_dir:
         console.print(f"build: {p.build_dir}")
     for n in p.notes:
-        console.print(f"[dim]note: {n}[/]", soft_wrap=True)
-    console.print(f"[bold green]choice:[/] {p.reason}", soft_wrap=True)
+        console.print(f"[dim]note: {n}[/]")
+    console.print(f"[bold green]choice:[/] {p.reason}")
 
 
 @app.command()
