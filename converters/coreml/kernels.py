@@ -58,12 +58,12 @@ def pool(kind):
             xp = _pad_input(torch, x, a, k, strides, [1] * nd)
             return getattr(F, f"avg_pool{nd}d")(xp, k, strides, ceil_mode=ceil)
         if pad_type == "valid" or not any(a.get("pad") or []):
-            fn = getattr(F, f"{kind}pool{nd}d")
+            fn = getattr(F, f"{kind}_pool{nd}d")
             return fn(x, k, strides, ceil_mode=ceil)
         pad = list(a.get("pad") or [])
         sym = all(pad[2 * i] == pad[2 * i + 1] for i in range(nd))
         if pad_type != "custom" or not sym:
-            raise VerificationError(f"MIL interpreter: {kind}pool with pad_type {pad_type} / pad {pad} not handled")
+            raise VerificationError(f"MIL interpreter: {kind}_pool with pad_type {pad_type} / pad {pad} not handled")
         p = [pad[2 * i] for i in range(nd)]
         if kind == "max":
             return getattr(F, f"max_pool{nd}d")(x, k, strides, p, ceil_mode=ceil)
