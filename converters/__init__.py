@@ -17,20 +17,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Literal, overload
+from typing import Any, Literal
 
-from edgekit.converters.capabilities import (
-    ACTIVATIONS16,
-    GROUP,
-    LAYERS,
-    UNSEARCHABLE,
-    Activations16,
-    Capability,
-    FloatGroup,
-    LayerSearch,
-    Unsearchable,
-    offered,
-)
+from edgekit.converters.capabilities import ACTIVATIONS16, GROUP, LAYERS, UNSEARCHABLE
 from edgekit.converters.job import (  # noqa: F401 - the converters' API, imported from here
     Artifact,
     Converter,
@@ -63,18 +52,6 @@ class ConverterInfo:
         module, name = self.options_model.split(":")
         return getattr(importlib.import_module(module), name)
 
-    @overload
-    def offered(self, conv: Converter, capability: Literal["layers"]) -> LayerSearch | None: ...
-    @overload
-    def offered(self, conv: Converter, capability: Literal["unsearchable"]) -> Unsearchable | None: ...
-    @overload
-    def offered(self, conv: Converter, capability: Literal["group"]) -> FloatGroup | None: ...
-    @overload
-    def offered(self, conv: Converter, capability: Literal["activations16"]) -> Activations16 | None: ...
-    def offered(self, conv: Converter, capability: Capability) -> Any:
-        """This converter as the protocol of a mixed-precision ``capability`` it declares, else None."""
-        return offered(conv, self.mixed, capability)
-
 
 CONVERTERS: dict[str, ConverterInfo] = {
     "tensorrt": ConverterInfo("edgekit.converters.tensorrt.converter", (*TORCH_INPUTS, "onnx"),
@@ -95,8 +72,6 @@ CONVERTERS: dict[str, ConverterInfo] = {
     "hls4ml": ConverterInfo("edgekit.converters.fpga.converter", (*TORCH_INPUTS, "onnx"), ("int8", "int4"), "fpga",
                             "edgekit.converters.fpga.options:Hls4mlOptions"),
 }
-# name -> module path (lazily imported)
-REGISTRY: dict[str, str] = {name: info.module for name, info in CONVERTERS.items()}
 
 
 def converter_info(name: str) -> ConverterInfo:

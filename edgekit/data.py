@@ -16,8 +16,8 @@ import numpy as np
 
 from edgekit.errors import InputSpecError
 from edgekit.fsutil import size_limit
-from edgekit.quiet import first_line
 from edgekit.ingest import Model
+from edgekit.quiet import first_line
 
 LABEL_KEYS = ("label", "labels", "y", "target", "targets")
 
@@ -138,7 +138,7 @@ def _read_arrays(path: Path, what: str, cap: int) -> dict[str, np.ndarray]:
 CALIB_LIMIT = float(np.finfo(np.float32).max) / 2  # largest |value| whose symmetric range float32 still holds
 
 
-def _check_values(what: str, key: str, arr: np.ndarray) -> None:
+def check_values(what: str, key: str, arr: np.ndarray) -> None:
     """Numbers only, and finite: NaN/Inf/complex data would only fail later, far from its cause."""
     if np.iscomplexobj(arr):
         raise InputSpecError(f"{what}: array {key!r} is complex ({arr.dtype}); models take real inputs: "
@@ -154,8 +154,8 @@ def _check_values(what: str, key: str, arr: np.ndarray) -> None:
                                  "evaluating with it")
         # an INT8 quantizer's range is symmetric about zero at its widest: past half float32's largest value its
         # width, and the scale taken from it, overflow to inf (the quantizer then fails an assertion)
-        peak = float(np.max(np.abs(arr))) if arr.size else 0.0
-        if what.startswith("--calib") and peak > CALIB_LIMIT:
+        peak = float(np.max(np.abs(arr))) if what.startswith("--calib") and arr.size else 0.0
+        if peak > CALIB_LIMIT:
             raise InputSpecError(f"{what}: array {key!r} holds values up to {peak:.3g}: too large for INT8 "
                                  f"calibration (the finite range would overflow float32 scales above {CALIB_LIMIT:.3g}); "
                                  "calibrate with data scaled as the model sees it in use")
@@ -228,7 +228,7 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
                 f"{what} {path}: input {spec.name!r} has shape {list(arr.shape)}; "
                 f"the model expects [N, {', '.join(map(str, sample))}] (samples first){hint}"
             )
-        _check_values(f"{what} {path}", key, arr)
+        check_values(f"{what} {path}", key, arr)
         inputs[spec.name] = np.ascontiguousarray(arr.astype(spec.dtype, copy=False))
     counts = {len(a) for a in inputs.values()}
     if len(counts) != 1 or 0 in counts:

@@ -183,6 +183,21 @@ def original_reference(m: Model) -> tuple[tuple[Callable, str] | None, str]:
     return (reference, orig.source), ""
 
 
+def student_reference(m: Model, artifact_meta: dict[str, Any],
+                      warn: Callable[[str], None]) -> tuple[Callable, str] | None:
+    """What a build is verified against: for one that imposes its fine-tuned student's activation ranges, the float
+    model it was fine-tuned from (:func:`original_reference`), since that is what it imitates; None otherwise (its
+    own float weights), with a warning where that original is not there."""
+    if not ((artifact_meta.get("quantization") or {}).get("student_ranges") or {}).get("applied"):
+        return None
+    reference, why = original_reference(m)
+    if reference is None:
+        warn(f"the build imposes its fine-tuned student's activation ranges, but the float model it was fine-tuned "
+             f"from is not there to check it against ({why}): checked against its own float weights, which it does "
+             "not imitate; --option student_ranges=off calibrates")
+    return reference
+
+
 # the files a record may name as the original: formats edgekit reads without running code from them (a Keras file
 # in Keras' safe mode: no Lambda bytecode), never a pickle or a factory
 ORIGINAL_SUFFIXES = (".pt2", ".onnx", *KERAS_SUFFIXES)

@@ -168,13 +168,7 @@ def convert(
                 artifact = stages.convert(job, conv)
             with clock.stage("verify"):
                 tol = tgt.tolerances[planned.precision]
-                reference = None  # a build with a fine-tuned student's ranges: checked against what it imitates
-                if ((artifact.meta.get("quantization") or {}).get("student_ranges") or {}).get("applied"):
-                    reference, why = stages.original_reference(m)
-                    if reference is None:
-                        _warn(f"the build imposes its fine-tuned student's activation ranges, but the float model it "
-                              f"was fine-tuned from is not there to check it against ({why}): checked against its "
-                              "own float weights, which it does not imitate; --option student_ranges=off calibrates")
+                reference = stages.student_reference(m, artifact.meta, _warn)  # what a student's build imitates
 
                 def check(a: Any) -> Any:  # host verification of an artifact (again after a mixed-precision rebuild)
                     return stages.verify(ing, lambda: conv.host_runner(job, a), prep, tol, a.runtime, planned.precision,

@@ -38,7 +38,7 @@ from edgekit.data import Dataset, draw, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
 from edgekit.fsutil import data_dir, sha256_file
 from edgekit.ingest import Model, check_target_takes, for_converter, load_model, source_kind
-from edgekit.lineage import against_original, finetuned, original_reference  # noqa: F401 - the pipeline's stages
+from edgekit.lineage import against_original, finetuned, student_reference  # noqa: F401 - the pipeline's stages
 from edgekit.manifest import SCHEMA_VERSION, Manifest
 from edgekit.planner import Budgets, Plan, plan_section
 from edgekit.profiles import Board, Target, Tolerance

@@ -13,9 +13,10 @@ from edgekit.quiet import terminal
 from edgekit.report_md import fmt_size as mb  # noqa: F401 - the one size format, for the command modules
 
 # typer writes a type beside every option, `<bool>` beside a flag too, where it only takes help room: a flag takes
-# no value, so nothing is shown
-_display_type = typer.core.TyperOption.display_type_rich
-typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _display_type(self, ctx)
+# no value, so nothing is shown. A typer without this method keeps its own display (help stays correct).
+_display_type = getattr(typer.core.TyperOption, "display_type_rich", None)
+if _display_type is not None:
+    typer.core.TyperOption.display_type_rich = lambda self, ctx: None if self.is_flag else _display_type(self, ctx)
 
 app = typer.Typer(
     name="edgekit",
@@ -61,7 +62,6 @@ CacheDirOpt = Annotated[
     str | None,
     typer.Option("--cache-dir", help="build cache folder (default $EDGEKIT_CACHE_DIR, else cache/ in edgekit's data folder)"),
 ]
-
 
 
 def fit(t: Table, con: Console | None = None) -> bool:

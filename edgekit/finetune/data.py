@@ -19,7 +19,7 @@ from edgekit.lineage import data_digest
 def load_unlabeled(path: str | Path, model: Model, max_mb: float | None = None) -> Dataset:
     """Inputs to distill on: a ``.npz`` (as ``--calib``; labels are ignored) or a folder of ``.npy`` files
     (single-input models; each one sample or a stack of samples)."""
-    from edgekit.data import _check_values, load_npz
+    from edgekit.data import check_values, load_npz
 
     path = Path(path)
     if not path.is_dir():
@@ -41,7 +41,7 @@ def load_unlabeled(path: str | Path, model: Model, max_mb: float | None = None) 
         a = a[None] if tuple(a.shape) == sample else a
         if tuple(a.shape[1:]) != sample:
             raise InputSpecError(f"--data {f}: shape {list(a.shape)}; the model takes samples of shape {list(sample)}")
-        _check_values(f"--data {f}", spec.name, a)
+        check_values(f"--data {f}", spec.name, a)
         arrays.append(a.astype(spec.dtype, copy=False))
     return Dataset(str(path), {spec.name: np.ascontiguousarray(np.concatenate(arrays))}, None, False)
 

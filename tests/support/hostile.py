@@ -118,6 +118,9 @@ def cases() -> list[Case]:
               PREFIX + "data/weights/weight_8"][:1000]})),
         C("pt2_truncated", "model", [*fp32], r"not a torch archive.*truncated",
           build=lambda s, v, m: (s / "m.pt2").write_bytes(MODEL.read_bytes()[: MODEL.stat().st_size // 2])),
+        # its last 23 bytes cut: zipfile still finds an older end record inside a member and reads another archive
+        C("pt2_cut_23_bytes", "model", [*fp32], r"truncated or corrupt: a zip whose central directory is missing",
+          build=lambda s, v, m: (s / "m.pt2").write_bytes(MODEL.read_bytes()[:-23])),
         C("pt2_empty", "model", [*fp32], r"is empty", build=lambda s, v, m: (s / "m.pt2").write_bytes(b"")),
         C("pt2_garbage", "model", [*fp32], r"not a torch archive",
           build=lambda s, v, m: (s / "m.pt2").write_bytes(os.urandom(4096))),
@@ -177,6 +180,8 @@ def cases() -> list[Case]:
         calib_case("calib_nan", r"'x'.*non-finite.*NaN", lambda p, m: npz(p, x=np.where(x() > 0.5, np.nan, x()))),
         calib_case("calib_inf", r"non-finite.*Inf", lambda p, m: npz(p, x=np.where(x() > 0.5, np.inf, x()))),
         calib_case("calib_complex", r"is complex", lambda p, m: npz(p, x=x().astype(np.complex64))),
+        calib_case("calib_too_large_for_int8", r"'x'.*too large for INT8 calibration.*overflow float32",
+                   lambda p, m: npz(p, x=np.full_like(x(), 3e38))),
         calib_case("calib_strings", r"dtype <U", lambda p, m: npz(p, x=np.full((4, 1, 8, 8), "a"))),
         calib_case("calib_wrong_shape", r"has shape \[32, 64\].*expects \[N, 1, 8, 8\]",
                    lambda p, m: npz(p, x=x().reshape(32, 64))),
