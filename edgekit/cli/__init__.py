@@ -15,10 +15,11 @@ import errno
 import signal
 import sys
 
+from rich.markup import escape
+
 from edgekit.cli import cache, convert, finetune, flash, fleet, matrix, plan, profiles, zoo  # noqa: F401 - each registers its commands on the app
 from edgekit.cli.common import app, console, err  # noqa: F401 - the app and consoles, for callers and tests
 from edgekit.errors import EdgekitError
-from rich.markup import escape
 
 # the machine's state, not edgekit's or the user's input: one line, exit 2, no traceback
 _ENV_ERRNOS = {errno.ENOSPC: "no space left on the device", errno.EROFS: "the file system is read-only",
