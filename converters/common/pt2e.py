@@ -22,6 +22,12 @@ SEARCH_CALIB = 64  # calibration samples of each build the observer choice and t
 OBSERVERS = ("histogram", "minmax")
 
 
+def torch_sample(m) -> tuple:
+    """The model's example inputs as torch tensors, in input order: what torch.export and lowering trace with."""
+    torch = require("torch")
+    return tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+
+
 def torch_module(job: ConvertJob):
     """The nn / fx module to quantize: the .pt2's program as a module, else the torch model itself."""
     m = job.model

@@ -7,9 +7,9 @@ import sys
 from typing import Any
 
 import numpy as np
-
 from edgekit.converters import Artifact, ConvertJob
 from edgekit.converters.coreml.w8a8 import comparisons_as_coreml_reads_them, inputs_float, w8a8_quantizer
+
 from edgekit.deps import require
 from edgekit.mixed.search import Layer, Search, search_feeds
 from edgekit.mixed.search import db as mixed_db
@@ -26,7 +26,6 @@ def mixed_search(job: ConvertJob, artifact: Artifact) -> Search:
     """The conv / linear / matmul layers a W8A8 build may leave in fp16 (no quantize / dequantize on their
     input, fp16 weights), ranked by the SQNR of their int8 input; the search runs PT2E's fake-quant program
     in torch (fp32 elsewhere: the real re-verification runs the converted package)."""
-    torch = require("torch")
     from edgekit.converters.common.pt2e import (
         SEARCH_CALIB,
         calibrated,
@@ -34,10 +33,11 @@ def mixed_search(job: ConvertJob, artifact: Artifact) -> Search:
         observer_outputs,
         torch_module,
         torch_run,
+        torch_sample,
     )
 
     m = job.model
-    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+    sample = torch_sample(m)
     module = exported_module(job, torch_module(job), sample)
     comparisons_as_coreml_reads_them(module)
     method = artifact.meta["quantization"]["calibration_method"]

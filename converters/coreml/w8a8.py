@@ -7,9 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from edgekit.converters import ConvertJob
+
 from edgekit.deps import require
 from edgekit.errors import HostCannotError, UnsupportedOpError
 
@@ -22,8 +21,13 @@ def pt2e_w8a8(job: ConvertJob) -> dict[str, Any]:
     --calib, the observer chosen by measuring each fake-quant program against float), converted by
     coremltools into iOS 17 ``quantize`` / ``dequantize`` ops before those layers and int8 weight constants:
     the int8-int8 compute the Neural Engine runs; every other op stays fp16, as Core ML runs it."""
-    torch = require("torch")
-    from edgekit.converters.common.pt2e import calibrated, choose_observer, exported_module, torch_module
+    from edgekit.converters.common.pt2e import (
+        calibrated,
+        choose_observer,
+        exported_module,
+        torch_module,
+        torch_sample,
+    )
 
     m = job.model
     if not m.is_torch or m.kind == "torchscript":
@@ -31,7 +35,7 @@ def pt2e_w8a8(job: ConvertJob) -> dict[str, Any]:
             f"{m.source}: precision int8 (W8A8) on Linux quantizes a torch.export program (PT2E); this model "
             "is TorchScript: run this conversion on a Mac (Core ML predict), or choose int8-weight")
     assert job.calib is not None  # the pipeline refuses int8 without --calib
-    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+    sample = torch_sample(m)
     module = exported_module(job, torch_module(job), sample)
     comparisons_as_coreml_reads_them(module)
     # the PT2E steps are android's (observer chosen by measuring, calibration), with Core ML's quantizer
@@ -63,10 +67,9 @@ def w8a8_quantizer(observer: str, keep: tuple[str, ...] = ()) -> Any:
 
     torch = require("torch")
     pq = require("litert_torch.quantize.pt2e_quantizer", "android")
+    from edgekit.converters.common.pt2e import weight_scale_floor_off
     from torchao.quantization.pt2e import MinMaxObserver
     from torchao.quantization.pt2e.quantizer import QuantizationAnnotation, Quantizer
-
-    from edgekit.converters.common.pt2e import weight_scale_floor_off
 
     cfg = weight_scale_floor_off(pq.get_symmetric_quantization_config(is_per_channel=True, is_dynamic=False))
     act, weight = cfg.input_activation, cfg.weight

@@ -10,8 +10,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edgekit.converters import ConvertJob
 from edgekit.converters.common.pt2e import (
     calibrated,
@@ -19,9 +17,11 @@ from edgekit.converters.common.pt2e import (
     explain_export_failure,
     exported_module,
     torch_module,
+    torch_sample,
 )
 from edgekit.converters.tflite.options import EXTRA, lstm_float
 from edgekit.converters.tflite.quantizer import pt2e_quantizer
+
 from edgekit.deps import require
 from edgekit.errors import ConversionError
 from edgekit.quiet import quiet_python
@@ -45,8 +45,7 @@ def float_tflite(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
             dest.write_bytes(reuse.read_bytes())  # the analyze stage's fp32 conversion, not done twice
             return {**json.loads(record.read_text()), "reused": "converted by the analyze stage"}
         return tf_convert(m, dest, "fp32", None, job.work_dir, log=job.log)
-    torch = require("torch")
-    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+    sample = torch_sample(m)
     edge = lower(litert_torch(), torch_module(job), sample, layout, None, m)
     with quiet_python():
         edge.export(str(dest))
@@ -56,12 +55,11 @@ def float_tflite(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
 def convert_torch(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
     """litert-torch: fp16 from the float program, int8 / int8-dynamic through PT2E (fp32: :func:`float_tflite`)."""
     m = job.model
-    torch = require("torch")
     lt = litert_torch()
     if job.precision == "fp16":
         float_tflite(job, job.work_dir / "float.tflite", layout)
         return fp16(job.work_dir / "float.tflite", dest)
-    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+    sample = torch_sample(m)
     module = torch_module(job)
     info, edge = pt2e_build(job, lt, module, sample, layout, dynamic=job.precision != "int8")
     with quiet_python():

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
 from edgekit.converters import Artifact, ConvertJob, load_firmware
 from edgekit.converters.common.fxrecord import record_quantized
 from edgekit.converters.common.pt2e import (
@@ -20,15 +19,16 @@ from edgekit.converters.common.pt2e import (
     observer_outputs,
     torch_module,
     torch_run,
+    torch_sample,
 )
 from edgekit.converters.tflite.a16 import a16_source, a16_write
 from edgekit.converters.tflite.options import EXTRA, lstm_float, wide_activations
 from edgekit.converters.tflite.quantizer import pt2e_quantizer
+
 from edgekit.deps import require
 from edgekit.mixed.search import A16_SEARCH_RUN_S, Layer, Search, output_snr_db, search_feeds
 from edgekit.mixed.search import db as mixed_db
 from edgekit.tflite_graph import TFLiteGraph, text
-
 
 Convert = Callable[[ConvertJob], Artifact]
 
@@ -48,9 +48,8 @@ def mixed_unavailable(job: ConvertJob) -> str | None:
 def mixed_search(job: ConvertJob, artifact: Artifact) -> Search:
     """The fx nodes an int8 build may keep float (LiteRT runs them in float between DEQUANTIZE and
     QUANTIZE), ranked by local INT8 SQNR; the search runs the fake-quant program in torch."""
-    torch = require("torch")
     m = job.model
-    sample = tuple(torch.from_numpy(np.ascontiguousarray(v)) for v in m.example_feeds().values())
+    sample = torch_sample(m)
     module = exported_module(job, torch_module(job), sample, unroll_lstm=not lstm_float(job))
     method = artifact.meta["quantization"]["calibration_method"]
     base = tuple(job.options.get("keep_float_nodes") or ())
