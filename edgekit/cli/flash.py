@@ -106,7 +106,7 @@ def flash(
     _record("flash", **results.manifest_fields(man), host=where, **res.record_fields())
     state = "already installed" if res.already_installed else f"{len(res.uploaded)} sent, {len(res.skipped)} already there"
     console.print(f"[bold green]flashed[/] {man.name} → {where}:{res.dest} ({state}; every sha256 verified on the "
-                  f"board; {res.seconds:.2f} s)")
+                  f"board; {res.seconds:.2f} s)", soft_wrap=True)  # a path in it: the terminal wraps it, rich does not cut it
 
 
 @app.command()
