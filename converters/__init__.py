@@ -46,6 +46,7 @@ class ConverterInfo:
     float_fallback: bool = False  # ops outside the target's list may stay float (allow_float_fallback)
     inputs_hint: str = ""  # what to do with a model kind it does not take
     mixed: frozenset[str] = frozenset()  # what it offers mixed precision (edgekit.converters.capabilities)
+    speed: bool = False  # it times a build against the float build on the host runtime (capabilities.HostSpeed)
 
     @property
     def options(self) -> type[ConverterOptions]:
@@ -61,7 +62,7 @@ CONVERTERS: dict[str, ConverterInfo] = {
     "tflite": ConverterInfo("edgekit.converters.tflite.converter", (*TORCH_INPUTS, "keras", "saved_model"),
                             ("fp32", "fp16", "int8-dynamic", "int8"), "android",
                             "edgekit.converters.tflite.options:TFLiteOptions", float_fallback=True,
-                            mixed=frozenset({LAYERS, UNSEARCHABLE, GROUP, ACTIVATIONS16}),
+                            mixed=frozenset({LAYERS, UNSEARCHABLE, GROUP, ACTIVATIONS16}), speed=True,
                             inputs_hint="export the torch model with torch.export.save"),
     "coreml": ConverterInfo("edgekit.converters.coreml.converter", TORCH_INPUTS,
                             ("fp32", "fp16", "int8-weight", "int6-weight", "int4-weight", "prune-50", "int8"), "ios",

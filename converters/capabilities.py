@@ -10,6 +10,9 @@ the converter object. A converter that declares a capability implements every me
     unsearchable   Unsearchable   some of its INT8 builds have no per-layer control: which, and why
     group          FloatGroup     a group of layers kept at higher precision first, before any layer is searched
     activations16  Activations16  the build again with 16-bit activations everywhere, and its own layer search
+
+Beside mixed precision, ``ConverterInfo.speed`` declares :class:`HostSpeed`: the converter times a build against
+the same model's float build on the target's host runtime (:mod:`edgekit.speed`; the pipeline's ``speed`` stage).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, overload
 if TYPE_CHECKING:  # pragma: no cover
     from edgekit.converters.job import Artifact, ConvertJob
     from edgekit.mixed.search import Search
+    from edgekit.speed import Speed
 
 LAYERS, UNSEARCHABLE, GROUP, ACTIVATIONS16 = "layers", "unsearchable", "group", "activations16"
 Capability = Literal["layers", "unsearchable", "group", "activations16"]
@@ -57,6 +61,13 @@ class Activations16(Protocol):
 
     def a16_keep(self, job: ConvertJob, artifact: Artifact, kept: list[str],
                  calibration: str | None = None) -> Artifact: ...
+
+
+class HostSpeed(Protocol):
+    """The build timed against the same model's float build on the target's host runtime (None where that runtime
+    cannot time it here); ``judged`` False where this host's kernels do not stand for the board's."""
+
+    def host_speed(self, job: ConvertJob, artifact: Artifact) -> Speed | None: ...
 
 
 PROTOCOLS: dict[str, type] = {LAYERS: LayerSearch, UNSEARCHABLE: Unsearchable, GROUP: FloatGroup,

@@ -35,6 +35,7 @@ class ConvertJob:
     cache: dict[str, Any] = field(default_factory=dict)
     opset: int | None = None  # --opset; None: the target's
     output_kinds: dict[str, str] = field(default_factory=dict)  # output name -> kind (class, regression, ...)
+    allow_slower_int8: bool = False  # an INT8 build slower than float on the board's kernels may pass (edgekit.speed)
 
     @contextmanager
     def substep(self, name: str) -> Iterator[None]:

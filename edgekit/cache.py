@@ -40,7 +40,7 @@ from edgekit.errors import InputSpecError
 from edgekit.fsutil import atomic_dir, data_dir, data_root, sha256_file, sha256_tree, work_dir
 
 ENV = "EDGEKIT_CACHE_DIR"
-SCHEMA = 1
+SCHEMA = 2
 ENTRY = "entry.json"
 # every toolchain a converter may use: an upgrade of any of them is a new key (read from metadata, not imported)
 TOOLCHAINS = ("numpy", "torch", "onnx", "onnxruntime", "onnxslim", "onnxscript", "onnx2torch", "tensorrt",
@@ -256,10 +256,11 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
                input_shape: list[str] | None, consts: list[str] | None, trust_pickle: bool, opset: int | None,
                golden_count: int, options: dict[str, Any] | None, output_kinds: dict[str, str] | None,
                eval_output: str | None, cache_dir: str | Path | None = None,
-               log: Callable[[str], None] = lambda m: None, strict: bool = False) -> BuildCache | None:
+               log: Callable[[str], None] = lambda m: None, strict: bool = False,
+               allow_slower_int8: bool = False) -> BuildCache | None:
     """The cache for one convert call, its keys computed from the inputs' bytes; None when this build cannot be
-    cached (said once per process, with the reason). ``strict``: --strict (no mixed-precision build), a key of
-    its own."""
+    cached (said once per process, with the reason). ``strict`` (--strict: no mixed-precision build) and
+    ``allow_slower_int8`` (the speed verdict waived) are keys of their own."""
     from edgekit.calibration_store import load_fit
     from edgekit.ingest import FACTORY_RE, Model
 
@@ -288,6 +289,7 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
         "board_fit": load_fit(board.id),  # the calibrated cost model: the plan and its estimate read it
         "precision": precision, "opset": opset, "golden": golden_count, "options": options,
         "output_kinds": output_kinds, "eval_output": eval_output, **({"strict": True} if strict else {}),
+        **({"allow_slower_int8": True} if allow_slower_int8 else {}),
     })
     what = {"kind": "build", "model": src, "target": target.name, "board": board.id}
     return BuildCache(cache_root(cache_dir), key, analysis_key, what)

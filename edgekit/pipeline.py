@@ -1,6 +1,6 @@
 """The convert pipeline as one API call; it only orchestrates the stages of :mod:`edgekit.stages`:
 
-    ingest -> analyze -> plan -> data -> convert -> verify -> mixed -> write
+    ingest -> analyze -> plan -> data -> convert -> verify -> mixed -> speed -> write
 
 The request is checked first (:mod:`edgekit.request`) and a verified build with the same inputs comes from the
 build cache (:mod:`edgekit.cache`). The stage list is checked against the declared order before anything runs;
@@ -32,7 +32,7 @@ from edgekit.stages import GOLDEN_FILE, bundle_name, check_precision  # noqa: F4
 from edgekit.verify import Verification
 
 DEFAULT_BUILD_ROOT = "build"
-ORDER = ("ingest", "analyze", "plan", "data", "convert", "verify", "mixed", "write")
+ORDER = ("ingest", "analyze", "plan", "data", "convert", "verify", "mixed", "speed", "write")
 stages.check_order(ORDER)  # at import: a reordered pipeline never starts
 
 
@@ -96,6 +96,7 @@ def convert(
     cache_dir: str | Path | None = None,
     verbose: bool = False,
     strict: bool = False,
+    allow_slower_int8: bool = False,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out`` (default
     ``build/<model>-<target>-<precision>``, the precision as planned).
@@ -112,6 +113,9 @@ def convert(
     ``verbose``); ``log``, ``warn`` and ``on_stage`` are edgekit's own messages. ``on_stage`` also hears
     sub-steps of long stages as ``"convert/calibration"`` with ``"start"``, ``"3/16"`` or the time taken.
 
+    An INT8 build is timed against the float build on the target's host runtime where the converter can (the
+    ``speed`` stage, :mod:`edgekit.speed`); one slower than float fails verification unless ``allow_slower_int8``.
+
     An INT8 build that fails verification gets mixed precision (the ``mixed`` stage, :mod:`edgekit.mixed.fallback`:
     the fewest sensitive layers kept at higher precision, then verified again) unless ``strict``.
     """
@@ -123,7 +127,8 @@ def convert(
     bc = build_cache.open_cache(
         model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
         trust_pickle=trust_pickle, opset=opset, golden_count=golden_count, options=options, strict=strict,
-        output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log) if cache else None
+        output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log,
+        allow_slower_int8=allow_slower_int8) if cache else None
     hit = build_cache.cached_build(bc, out, DEFAULT_BUILD_ROOT, log, warn)
     if hit is not None:
         res = ConvertResult(*hit)
@@ -161,7 +166,7 @@ def convert(
                 output_kinds=prep.kinds,
                 float_onnx=an.float_graph if m.is_torch else None,
                 float_tflite=an.float_graph if m.is_tf else None,
-                step=lambda name, msg: on_stage(f"convert/{name}", msg),
+                step=lambda name, msg: on_stage(f"convert/{name}", msg), allow_slower_int8=allow_slower_int8,
             )
             conv = get_converter(tgt.converter)
             with clock.stage("convert"):
@@ -180,6 +185,8 @@ def convert(
                 # the build this stage ends with, once, against the float model a fine-tuned model came from
                 stages.against_original(ing.model, lambda: conv.host_runner(job, artifact), prep, tol,
                                         planned.precision, checked.verification, reference)
+            with clock.stage("speed"):
+                stages.speed(job, conv, artifact, checked, log, _warn)
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, prep.calib,

@@ -129,6 +129,11 @@ class Board(_Strict):
         default=None, description="the precision the board's accelerator computes in (the Neural Engine: fp16): "
         "the planner ranks it as the least compressed, as less compressed formats gain nothing there (fp32 leaves "
         "the accelerator); --precision still takes them")
+    int16_activations: Literal["reference", "native"] = Field(
+        default="reference", description="how the board runs int8 weights with 16-bit activations (TFLite 16x8): "
+        "reference = LiteRT's portable CPU kernels (XNNPACK, GPU and NNAPI take none; many times slower than int8), "
+        "so the host's timing judges a 16x8 build; native = an NPU that computes w8a16, where the host's timing does "
+        "not stand for the board")
     notes: list[str] = Field(default_factory=list)
 
     @property

@@ -67,6 +67,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("convert", ("ingested", "analysis", "planned", "prepared"), ("artifact",)),
     Stage("verify", ("ingested", "planned", "prepared", "artifact"), ("checked",)),
     Stage("mixed", ("planned", "prepared", "artifact", "checked"), ("artifact", "checked")),
+    Stage("speed", ("planned", "artifact", "checked"), ("checked",)),
     Stage("write", ("ingested", "analysis", "planned", "prepared", "artifact", "checked"), ("manifest",)),
 )
 STAGE_NAMES = tuple(s.name for s in STAGES)
@@ -334,6 +335,34 @@ def mixed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked,
     from edgekit.mixed.fallback import fallback
 
     return fallback(job, converter, artifact, checked, prep.kinds, tol, reverify, log, warn, offers=offers)
+
+
+def speed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked, log: Callable[[str], None],
+          warn: Callable[[str], None]) -> None:
+    """speed: an INT8 build (the one the mixed stage ends with) timed against the same model's float build on the
+    target's host runtime, where the registry declares the converter can (``ConverterInfo.speed``,
+    :mod:`edgekit.speed`): the timing goes into the artifact's meta and notes, and a slower INT8 build fails
+    verification unless ``job.allow_slower_int8``. A build that did not load is not timed."""
+    v = checked.verification
+    if job.precision != "int8" or not converter_info(job.target.converter).speed or not v.outputs:
+        return
+    from edgekit.speed import verdict
+
+    timed = converter.host_speed(job, artifact)  # declared (capabilities.HostSpeed; the contract test checks it)
+    if timed is None:
+        return
+    artifact.meta["speed"] = timed.to_json()
+    line = timed.line(job.precision)
+    log(line)
+    artifact.notes.append(line)
+    if not timed.judged:
+        artifact.notes.append(f"speed not judged against float: {timed.not_judged}")
+    failure = verdict(timed, job.precision, job.allow_slower_int8)
+    if failure:
+        v.failures.append(failure)
+    elif timed.slower and timed.judged:
+        warn(f"the INT8 build runs {1 / timed.speedup:.2f}x slower than fp32 on {timed.runtime}; accepted by "
+             "--allow-slower-int8")
 
 
 def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,

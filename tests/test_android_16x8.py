@@ -96,7 +96,7 @@ def test_int16_activations_are_closer_to_float_and_run_in_the_bundle(digits, tmp
     calibration batch; its outputs are closer to float than the int8 build's, accuracy holds, and the bundle's
     own runner (run.py, as on the board) passes its golden check on it."""
     common = dict(target="android", precision="int8", calib=str(digits["calib"]), eval_data=str(digits["eval"]),
-                  cache=False)
+                  cache=False, allow_slower_int8=True)  # 16x8 runs on LiteRT's reference kernels: slower than fp32
     int8 = convert(str(digits["model"]), out=tmp_path / "int8", **common)
     wide = convert(str(digits["model"]), out=tmp_path / "a16", options={"activations": "int16"}, **common)
     v, art = wide.verification, wide.manifest["artifact"]
@@ -115,7 +115,7 @@ def test_int16_activations_are_closer_to_float_and_run_in_the_bundle(digits, tmp
 def test_int16_activations_with_float_io(digits, tmp_path):
     """io=float on a 16x8 build: float32 edges (QUANTIZE / DEQUANTIZE to int16), the int16 scale in the manifest."""
     res = convert(str(digits["model"]), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  options={"activations": "int16", "io": "float"}, cache=False)
+                  options={"activations": "int16", "io": "float"}, cache=False, allow_slower_int8=True)
     art = res.manifest["artifact"]
     assert res.verification.passed
     assert art["io"]["inputs"][0]["dtype"] == "float32" and art["int8_io"]["inputs"][0]["dtype"] == "int16"
@@ -133,7 +133,7 @@ def test_where_int8_activations_cannot_hold_a_model_16_bits_do(outlier, digits, 
     fix a range by keeping layers float, so mixed precision's last step builds it with 16-bit activations, which
     passes; the record keeps the int8 search's verdict, the cost in latency and the report says both."""
     res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  eval_data=str(digits["eval"]), cache=False)
+                  eval_data=str(digits["eval"]), cache=False, allow_slower_int8=True)
     v, art = res.verification, res.manifest["artifact"]
     assert v.passed, v.failures
     mp = art["mixed_precision"]
@@ -149,11 +149,26 @@ def test_where_int8_activations_cannot_hold_a_model_16_bits_do(outlier, digits, 
     assert "sensitivity.png" in res.manifest["files"] and (res.out_dir / "sensitivity.png").is_file()
 
 
+def test_on_a_cpu_board_16x8_is_not_tried_unless_a_slower_build_is_accepted(outlier, digits, tmp_path):
+    """The generic android board runs 16-bit activations on LiteRT's reference kernels, where a 16x8 build is
+    slower than the fp32 build an INT8 build exists to beat: the fallback stops before building it, the int8
+    build stays failed, and the record, the notes and the report say why and how to try it."""
+    res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
+                  cache=False, fail_on_verification=False)
+    v, art = res.verification, res.manifest["artifact"]
+    assert not v.passed
+    a16 = art["mixed_precision"]["activations16"]
+    assert not a16["built"] and "reference kernels" in a16["reason"] and "--allow-slower-int8" in a16["reason"]
+    assert "activation_bits" not in art["quantization"] and _input_dtype(res.out_dir / "model.tflite") == "int8"
+    assert any("16-bit activations not tried" in n for n in v.notes)
+
+
 def test_a_16x8_build_that_fails_too_leaves_the_int8_build(outlier, digits, tmp_path):
     """Where 16 bits fail as well (a tolerance no quantized build meets), the int8 build stays: its file, its
     record, a failed verdict; the 16x8 attempt is recorded and said."""
     res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  cache=False, fail_on_verification=False, tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0})
+                  cache=False, fail_on_verification=False, tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0},
+                  allow_slower_int8=True)
     v, art = res.verification, res.manifest["artifact"]
     assert not v.passed
     a16 = art["mixed_precision"]["activations16"]
@@ -172,7 +187,7 @@ def test_where_16x8_fails_too_its_layer_search_keeps_the_op_that_causes_it(outli
     are searched: the fully connected one is kept float, in the model on disk too, and re-verification passes;
     the record, the notes and the report say so."""
     res = convert(str(outlier_and_fc), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  eval_data=str(digits["eval"]), cache=False)
+                  eval_data=str(digits["eval"]), cache=False, allow_slower_int8=True)
     v, art = res.verification, res.manifest["artifact"]
     assert v.passed, v.failures
     a16 = art["mixed_precision"]["activations16"]
@@ -218,7 +233,7 @@ def test_the_16x8_search_ranks_an_op_by_what_its_int8_weights_cost_the_output(di
     common = {"target": "android", "calib": str(digits["calib"]), "cache": False}
     fp32 = convert(str(digits["model"]), out=tmp_path / "fp32", precision="fp32", **common).out_dir / "model.tflite"
     wide = convert(str(digits["model"]), out=tmp_path / "a16", precision="int8", options={"activations": "int16"},
-                   **common).out_dir / "model.tflite"
+                   allow_slower_int8=True, **common).out_dir / "model.tflite"
     x = np.load(digits["eval"])["image"][:16].astype(np.float32)
 
     def run(path):

@@ -93,6 +93,8 @@ def test_each_declared_mixed_precision_capability_is_implemented(name):
     for capability in sorted(info.mixed):
         for method in methods(capability):
             assert callable(getattr(type(conv), method, None)), f"{name} declares {capability!r} but has no {method}"
+    if info.speed:  # the speed stage calls it (edgekit.speed)
+        assert callable(getattr(type(conv), "host_speed", None)), f"{name} declares speed but has no host_speed"
     assert callable(getattr(type(conv), "versions", None)), f"{name}: no versions() (the Converter protocol)"
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from edgekit.converters import ConvertJob
 from edgekit.converters.tflite.audit import short_node
-from edgekit.converters.tflite.build import float_tflite
+from edgekit.converters.tflite.build import float_reference
 from edgekit.converters.tflite.interpreter import interpreter, refused_node
 from edgekit.converters.tflite.options import EXTRA
 from edgekit.deps import require, toolchain_versions
@@ -98,8 +98,7 @@ def a16_source(job: ConvertJob, layout: str) -> A16:
         return job.cache[f"a16-{layout}"]
     m = job.model
     aq = require("ai_edge_quantizer.quantizer", EXTRA)
-    src = job.work_dir / "float-for-16x8.tflite"
-    float_tflite(job, src, layout)
+    src = float_reference(job, layout)
     with _aeq_errors(m, "calibrate"):
         interp = interpreter(src, 1)
         sig = next(iter(interp.get_signature_list()))

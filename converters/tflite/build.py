@@ -19,7 +19,7 @@ from edgekit.converters.common.pt2e import (
     torch_module,
     torch_sample,
 )
-from edgekit.converters.tflite.options import EXTRA, lstm_float
+from edgekit.converters.tflite.options import EXTRA, fused_hard, lstm_float
 from edgekit.converters.tflite.quantizer import pt2e_quantizer
 
 from edgekit.deps import require
@@ -52,13 +52,23 @@ def float_tflite(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
     return {"tool": "litert-torch", "weights": "fp32", "activations": "fp32", "io": "float32"}
 
 
+def float_reference(job: ConvertJob, layout: str) -> Path:
+    """The fp32 .tflite of this job's model in the work folder, made once per job: an int8 build makes it before
+    calibrating (a model litert-torch cannot lower is refused before any calibration is spent on it) and the speed
+    stage times the int8 build against it; fp16 and 16x8 start from it."""
+    dest = job.work_dir / f"float-{layout}.tflite"
+    if not dest.is_file():
+        with job.substep("fp32 lowering"):
+            float_tflite(job, dest, layout)
+    return dest
+
+
 def convert_torch(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
     """litert-torch: fp16 from the float program, int8 / int8-dynamic through PT2E (fp32: :func:`float_tflite`)."""
     m = job.model
     lt = litert_torch()
     if job.precision == "fp16":
-        float_tflite(job, job.work_dir / "float.tflite", layout)
-        return fp16(job.work_dir / "float.tflite", dest)
+        return fp16(float_reference(job, layout), dest)
     sample = torch_sample(m)
     module = torch_module(job)
     info, edge = pt2e_build(job, lt, module, sample, layout, dynamic=job.precision != "int8")
@@ -117,10 +127,10 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
     module = exported_module(job, module, sample, unroll_lstm=not dynamic and not lstm_float(job), found=found)
     keep = tuple(job.options.get("keep_float_nodes") or ())
     chosen, measured = ("histogram", {}) if dynamic else choose_observer(
-        job, module, sample, lambda obs: pt2e_quantizer(False, obs, keep))
+        job, module, sample, lambda obs: pt2e_quantizer(False, obs, keep, fused_hard(job)))
     with job.substep("calibration"):
         converted, q, n_batches = calibrated(job, module, sample, chosen,
-                                             lambda obs: pt2e_quantizer(dynamic, obs, keep), dynamic=dynamic)
+                                             lambda obs: pt2e_quantizer(dynamic, obs, keep, fused_hard(job)), dynamic=dynamic)
     with job.substep("TFLite lowering"):
         edge = lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
     info: dict[str, Any] = {

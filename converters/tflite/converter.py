@@ -12,12 +12,13 @@ from edgekit.converters import Artifact, ConvertJob, Runner, flag_option, load_f
 from edgekit.converters.tflite import search
 from edgekit.converters.tflite.a16 import a16_build
 from edgekit.converters.tflite.audit import audit, float_counts, float_io, format_float_ops
-from edgekit.converters.tflite.build import convert_torch, float_tflite
-from edgekit.converters.tflite.interpreter import builtin_refusal, latency
+from edgekit.converters.tflite.build import convert_torch, float_reference, float_tflite
+from edgekit.converters.tflite.interpreter import against_float, builtin_refusal, latency
 from edgekit.converters.tflite.options import EXTRA, lstm_float, wide_activations
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
 from edgekit.mixed.search import Search, keep_layers
+from edgekit.speed import Speed
 from edgekit.tf_graph import tf_convert
 
 
@@ -77,6 +78,8 @@ class TFLiteConverter:
             meta["quantization"] = tf_convert(m, dest, job.precision, job.calib, job.work_dir, allow_fallback,
                                               log=job.log)
         else:
+            if job.precision == "int8":  # lowering refusals before calibration; the speed stage's baseline
+                float_reference(job, layout)
             meta["quantization"] = convert_torch(job, dest, layout)
         if job.precision == "int8" and io_kind == "float":
             meta["int8_io"] = audit(dest)["io"]  # the scale/zero point inside the float edges (int16: 16x8)
@@ -160,6 +163,36 @@ class TFLiteConverter:
                     f"(XNNPACK, {threads} threads)",
             meta=meta, notes=notes,
         )
+
+    def host_speed(self, job: ConvertJob, artifact: Artifact) -> Speed | None:
+        """The build against the fp32 .tflite of the same model and layout, LiteRT with XNNPACK on one thread (what
+        a phone's CPU runs; a phone's NNAPI / GPU delegates are not on this host)."""
+        if artifact.precision == "fp32":
+            return None
+        layout = artifact.meta.get("layout") or "nchw"
+        base = float_reference(job, layout)  # "source" (Keras / SavedModel): TensorFlow's fp32 conversion
+        float_ms, ms, runs = against_float(base, job.out_dir / artifact.primary)
+        q = artifact.meta.get("quantization") or {}
+        ops = artifact.meta.get("op_counts") or {}
+        n_float = len(artifact.meta.get("float_ops") or [])
+        slow = artifact.meta.get("not_delegable_int8") or []
+        wide = q.get("activation_bits") == 16
+        if wide:
+            kernels = (f"16-bit activations: {sum(ops.values()) - n_float} ops on LiteRT's reference int16 kernels "
+                       "(XNNPACK, GPU and NNAPI take no int16 activations)")
+        else:
+            kernels = (f"{sum(ops.values()) - n_float} ops int8 on XNNPACK" if job.precision == "int8"
+                       else f"{sum(ops.values())} ops")
+        if n_float and job.precision == "int8":
+            kernels += f", {n_float} float between DEQUANTIZE and QUANTIZE"
+        if slow and job.precision == "int8":
+            kernels += f"; no XNNPACK int8 kernel for {', '.join(slow)}"
+        native = wide and job.board.int16_activations == "native"
+        version = toolchain_versions("ai-edge-litert").get("ai-edge-litert", "?")
+        return Speed(runtime=f"LiteRT {version} (XNNPACK, 1 thread)", float_ms=round(float_ms, 4), ms=round(ms, 4),
+                     runs=runs, kernels=kernels, judged=not native,
+                     not_judged=(f"board {job.board.name} runs 16-bit activations natively (its NPU); this host runs "
+                                 "them on LiteRT's reference kernels" if native else ""))
 
     # -- mixed precision (edgekit.mixed.search): implemented in search.py
 

@@ -73,10 +73,13 @@ def _compare_ops():
             {a.where.self})
 
 
-def transform(gm: Any) -> int:
+def transform(gm: Any, fused_hard: bool = False) -> int:
     """Rewrite unfoldable BatchNorm and PReLU into depthwise 1x1 convs (constants as weights), squares into
-    products, divisions by a square root or a constant into products, HardSwish written out into hardswish.
-    Returns the number of nodes rewritten."""
+    products, divisions by a square root or a constant into products. HardSwish and HardSigmoid are written out
+    as ``x * (clip(x + 3, 0, 6) * 1/6)`` (ADD with a fused RELU6, then MUL: XNNPACK's int8 kernels take those,
+    while int8 HARD_SWISH and RELU_0_TO_1 run on TFLite's reference kernels and split the delegated graph at each
+    one); ``fused_hard``: the other way, the written-out pattern fused into one hardswish (one rounding instead
+    of three: closer to float, slower). Returns the number of nodes rewritten."""
     torch = require("torch")
     a = torch.ops.aten
     n_done = 0
@@ -173,7 +176,17 @@ def transform(gm: Any) -> int:
                     n_done += 1
             if any(p is not q for p, q in zip(parts, node.args[0], strict=True)):
                 node.args = (parts, *node.args[1:])
-        elif node.target == a.mul.Tensor and (x := _hardswish_input(gm, node)) is not None:
+        elif not fused_hard and node.target in (a.hardswish.default, a.hardsigmoid.default):
+            x = node.args[0]
+            with gm.graph.inserting_before(node):
+                clip = _call(gm, node, a.hardtanh.default, (_call(gm, node, a.add.Tensor, (x, 3.0)), 0.0, 6.0))
+                out = _call(gm, node, a.mul.Tensor, (clip, 1 / 6))
+                if node.target == a.hardswish.default:
+                    out = _call(gm, node, a.mul.Tensor, (x, out))
+            node.replace_all_uses_with(out)
+            gm.graph.erase_node(node)
+            n_done += 1
+        elif fused_hard and node.target == a.mul.Tensor and (x := _hardswish_input(gm, node)) is not None:
             # x * clip(x + 3, 0, 6) * (1/6), HardSwish as paddle2onnx writes it: four int8 ops, each rounding its
             # output on a per-tensor grid (their errors add up), where TFLite runs one HARD_SWISH
             with gm.graph.inserting_before(node):

@@ -55,6 +55,20 @@ def interpreter(path: Path, threads: int):
     return interp
 
 
+def against_float(float_path: Path, path: Path, threads: int = 1) -> tuple[float, float, int]:
+    """Median ms of the fp32 .tflite ``float_path`` and the build ``path`` on zeros, timed in turns in this
+    process (:func:`edgekit.speed.interleaved`): (float ms, build ms, runs of each)."""
+    from edgekit.speed import interleaved
+
+    def ready(p: Path):
+        interp = interpreter(p, threads)
+        for d in interp.get_input_details():
+            interp.set_tensor(d["index"], np.zeros(d["shape"], dtype=d["dtype"]))
+        return interp.invoke
+
+    return interleaved(ready(float_path), ready(path))
+
+
 def latency(path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:
     """Median latency (ms) of ``iters`` runs on zeros, per thread count."""
     out = {}

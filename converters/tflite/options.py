@@ -32,6 +32,10 @@ class TFLiteOptions(ConverterOptions):
     keep_float_tensors: list[str] = Field(
         default_factory=list, description="with activations=int16: ops kept float in the 16x8 model, named by their "
         "output tensor in the fp32 .tflite (mixed precision's 16x8 layer search writes these)")
+    hard_activations: Literal["xnnpack", "fused"] = Field(
+        "xnnpack", description="int8 builds: HardSwish / HardSigmoid written out as ADD (RELU6 fused) and MUL, which "
+        "XNNPACK's int8 kernels run, or fused (one HARD_SWISH / RELU_0_TO_1: one rounding, closer to float, but "
+        "TFLite's reference kernels run it outside XNNPACK: slower)")
     keras: Literal["tflite", "onnx"] = Field(
         "tflite", description="Keras / SavedModel input: tflite (TensorFlow's TFLiteConverter quantizes the whole "
         "model) or onnx (tf2onnx, then the PT2E path of ONNX and torch input: INT8 mixed precision can keep "
@@ -52,3 +56,8 @@ def wide_activations(job: Any) -> bool:
 def lstm_float(job: Any) -> bool:
     """``--option lstm=float``: every LSTM of an int8 build stays float."""
     return str(job.options.get("lstm") or "int8").lower() == "float"
+
+
+def fused_hard(job: Any) -> bool:
+    """``--option hard_activations=fused``: HardSwish / HardSigmoid as one int8 op each (reference kernels)."""
+    return str(job.options.get("hard_activations") or "xnnpack").lower() == "fused"

@@ -9,10 +9,11 @@ from edgekit.converters.tflite.options import EXTRA
 from edgekit.deps import require
 
 
-def pt2e_quantizer(dynamic: bool, observer: str = "histogram", keep: tuple[str, ...] = ()):
+def pt2e_quantizer(dynamic: bool, observer: str = "histogram", keep: tuple[str, ...] = (), fused_hard: bool = False):
     """litert-torch's PT2EQuantizer, with every binary ``aten.add``/``aten.mul`` annotated, activations
     observed by ``observer`` (histogram: HistogramObserver's L2-optimal range; minmax: the observed range),
-    and the fx nodes named in ``keep`` left float (mixed precision)."""
+    the fx nodes named in ``keep`` left float (mixed precision), and HardSwish / HardSigmoid written out into
+    ops XNNPACK's int8 kernels take unless ``fused_hard`` (``--option hard_activations=fused``)."""
     torch = require("torch")
     pq = require("litert_torch.quantize.pt2e_quantizer", EXTRA)
     from litert_torch.quantize.pt2e_quantizer_utils import (
@@ -33,7 +34,7 @@ def pt2e_quantizer(dynamic: bool, observer: str = "histogram", keep: tuple[str, 
         def transform_for_annotation(self, model):
             model = super().transform_for_annotation(model)
             if not dynamic:
-                self.rewritten += int8_rewrites.transform(model)
+                self.rewritten += int8_rewrites.transform(model, fused_hard)
             return model
 
         def annotate(self, model):

@@ -22,7 +22,7 @@ from edgekit.converters.common.pt2e import (
     torch_sample,
 )
 from edgekit.converters.tflite.a16 import a16_source, a16_write
-from edgekit.converters.tflite.options import EXTRA, lstm_float, wide_activations
+from edgekit.converters.tflite.options import EXTRA, fused_hard, lstm_float, wide_activations
 from edgekit.converters.tflite.quantizer import pt2e_quantizer
 
 from edgekit.deps import require
@@ -55,13 +55,13 @@ def mixed_search(job: ConvertJob, artifact: Artifact) -> Search:
     base = tuple(job.options.get("keep_float_nodes") or ())
     search = search_feeds(job)
     stats: dict[str, Any] = {}  # observer -> its calibration with no layer kept, reused by every kept set
-    conv, _, _ = calibrated(job, module, sample, method, lambda obs: pt2e_quantizer(False, obs, base),
+    conv, _, _ = calibrated(job, module, sample, method, lambda obs: pt2e_quantizer(False, obs, base, fused_hard(job)),
                             limit=SEARCH_CALIB, stats=stats)
     layers = _local_sqnr(conv, search[:8], m)
     ref = torch_run(module, search, m)
 
     def build(kept: list[str], observer: str):
-        return calibrated(job, module, sample, observer, lambda obs: pt2e_quantizer(False, obs, base + tuple(kept)),
+        return calibrated(job, module, sample, observer, lambda obs: pt2e_quantizer(False, obs, base + tuple(kept), fused_hard(job)),
                           limit=SEARCH_CALIB, stats=stats)[0]
 
     outputs, calibration_for = observer_outputs(build, job, method, ref, search)

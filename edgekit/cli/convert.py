@@ -36,6 +36,7 @@ def convert(
     cache_dir: CacheDirOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the toolchains' own output live (always kept in the build's toolchain.log)")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="int8: fail when verification fails, instead of keeping the most sensitive layers at higher precision")] = False,
+    allow_slower_int8: Annotated[bool, typer.Option("--allow-slower-int8", help="int8: pass a build that runs slower than the fp32 build on the target's host runtime (default: it fails; INT8 is for speed)")] = False,
     tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="tighten (or loosen) the target's verification bar: key=value, e.g. min_top1_agreement=0.99 (an int8 build that misses it keeps layers at higher precision)")] = None,
 ) -> None:
     """Convert MODEL for a target board and verify it on the host against the float model."""
@@ -50,7 +51,7 @@ def convert(
             golden_count=golden, options=parse_overrides(option, "--option", "allow_float_fallback=true") or None,
             max_data_mb=max_data_mb, output_kinds={k: str(v) for k, v in parse_overrides(
                 output_kind, "--output-kind", "landmarks=regression").items()} or None,
-            eval_output=eval_output, strict=strict, log=lambda m: err.print(f"  [dim]{m}[/]"),
+            eval_output=eval_output, strict=strict, allow_slower_int8=allow_slower_int8, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=progress.on_stage, verbose=verbose,
             cache=not no_cache, cache_dir=cache_dir,
             tolerance=parse_overrides(tolerance, "--tolerance", "min_top1_agreement=0.99") or None,
@@ -88,8 +89,14 @@ def convert(
     prim_bytes = sum(f["bytes"] for k, f in man["files"].items() if k == prim or k.startswith(prim + "/"))
     console.print(f"[bold green]converted[/] {man['source_model']['path']} → {res.out_dir / prim} "
                   f"({mb(prim_bytes)}, {man['precision']}, board {man['board']['id']})")
+    sp = man["artifact"].get("speed")
+    if sp:  # the INT8 build's speed against fp32 on the target's host runtime (edgekit.speed)
+        colour = "red" if sp["slower"] else "green" if sp["speedup"] > 1 else "yellow"
+        console.print(f"[{colour}]speed[/] {sp['runtime']}: {man['precision']} {sp['ms']:.4g} ms, fp32 "
+                      f"{sp['float_ms']:.4g} ms ({sp['speedup']:.2f}x the fp32 build's speed)")
     for n in res.notes:
-        console.print(f"[dim]note: {n}[/]")
+        if not n.startswith("speed on "):  # printed above
+            console.print(f"[dim]note: {n}[/]")
     console.print(f"report: {res.out_dir / 'report.md'}", soft_wrap=True)
     console.print("board smoke test: python3 run.py (in the bundle)")
 

@@ -50,6 +50,15 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     wide = offered(conv, offers, ACTIVATIONS16)
     if checked.verification.passed or wide is None:
         return artifact, checked
+    if job.board.int16_activations != "native" and not job.allow_slower_int8:
+        why = (f"board {job.board.name} runs 16-bit activations on LiteRT's reference kernels (XNNPACK, GPU and NNAPI "
+               "take none): such a build runs many times slower than the fp32 build, which an INT8 build exists to "
+               "beat; --allow-slower-int8 tries it")
+        artifact.meta.setdefault("mixed_precision", {})["activations16"] = {"built": False, "reason": why,
+                                                                            "passed": False}
+        checked.verification.notes.append(f"mixed precision: 16-bit activations not tried ({why})")
+        log(f"16-bit activations not tried: {why}")
+        return artifact, checked
     return _activations16(job, wide, artifact, checked, kinds, tol, reverify, log, warn)
 
 

@@ -1,0 +1,63 @@
+"""The artifact's speed in the verdict (edgekit.speed): an INT8 build is timed against its float build on the
+target's host runtime, reported in the manifest, the CLI and the report, and a slower one fails."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from edgekit.cli import app
+from edgekit.speed import MARGIN, MIN_DIFF_MS, Speed, interleaved, verdict
+
+
+def _speed(float_ms: float, ms: float, judged: bool = True) -> Speed:
+    return Speed(runtime="LiteRT (XNNPACK, 1 thread)", float_ms=float_ms, ms=ms, runs=20, kernels="12 ops int8",
+                 judged=judged, not_judged="" if judged else "the board's NPU runs it")
+
+
+def test_slower_means_beyond_what_the_timing_tells_apart():
+    assert _speed(1.0, 1.0 + 2 * MARGIN).slower  # 20 % slower
+    assert not _speed(1.0, 1.0 + MARGIN / 2).slower  # within the relative margin: noise
+    assert not _speed(0.004, 0.009).slower  # 2x, but 5 µs apart: launch overhead, not a kernel
+    assert _speed(0.01, 0.01 + 2 * MIN_DIFF_MS).slower
+    assert not _speed(3.6, 1.2).slower and _speed(3.6, 1.2).speedup == pytest.approx(3.0)
+
+
+def test_a_slower_int8_build_fails_unless_accepted_or_not_judged_here():
+    slow = _speed(3.6, 94.5)
+    why = verdict(slow, "int8", allowed=False)
+    assert why is not None and why.startswith("speed: the INT8 build runs 26.25x slower than the fp32 build")
+    assert "--allow-slower-int8" in why and "3.6 ms" in why and "94.5 ms" in why
+    assert verdict(slow, "int8", allowed=True) is None
+    assert verdict(_speed(3.6, 94.5, judged=False), "int8", allowed=False) is None  # an NPU that runs it natively
+    assert verdict(slow, "fp16", allowed=False) is None  # only INT8 is judged by speed
+    assert verdict(_speed(3.6, 1.2), "int8", allowed=False) is None
+    assert "3.00x faster" in _speed(3.6, 1.2).line("int8") and "slower" in slow.line("int8")
+
+
+def test_interleaved_timing_tells_a_slow_call_from_a_fast_one():
+    fast_ms, slow_ms, runs = interleaved(lambda: time.sleep(0.001), lambda: time.sleep(0.004), budget_s=0.5)
+    assert runs >= 5 and slow_ms > fast_ms * (1 + MARGIN) and 0.9 < fast_ms < 3.5
+    assert _speed(fast_ms, slow_ms).slower
+
+
+@pytest.mark.slow
+def test_an_android_int8_build_is_timed_against_its_fp32_build(digits, tmp_path):
+    """digits to android INT8: the manifest's speed record (LiteRT, one thread, interleaved runs), the CLI line and
+    the report note; the verdict follows the record (a build recorded slower did not pass)."""
+    pytest.importorskip("litert_torch")
+    out = tmp_path / "o"
+    r = CliRunner().invoke(app, ["convert", str(digits["model"]), "-t", "android", "-p", "int8", "--calib",
+                                 str(digits["calib"]), "--no-cache", "-o", str(out), "--json"])
+    import json
+
+    man = json.loads((out / "manifest.json").read_text())
+    sp = man["artifact"]["speed"]
+    assert sp["runtime"].startswith("LiteRT") and "1 thread" in sp["runtime"] and sp["runs"] >= 5
+    assert sp["float_ms"] > 0 and sp["ms"] > 0 and sp["speedup"] == pytest.approx(sp["float_ms"] / sp["ms"], rel=1e-2)
+    assert "int8 on XNNPACK" in sp["kernels"]
+    assert man["verification"]["passed"] == (not sp["slower"]) and (r.exit_code == 0) == man["verification"]["passed"]
+    assert "speed on LiteRT" in (out / "report.md").read_text()
+    assert man["timings_s"]["speed"] >= 0
