@@ -16,6 +16,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from edgekit.ingest import Model
     from edgekit.profiles import Board, Target
 
+SEARCH_BUDGET_S = 90.0  # the layer search's default time budget: an INT8 build a user waits for, not a batch job
+
+
 @dataclass
 class ConvertJob:
     model: Model
@@ -35,6 +38,7 @@ class ConvertJob:
     cache: dict[str, Any] = field(default_factory=dict)
     opset: int | None = None  # --opset; None: the target's
     output_kinds: dict[str, str] = field(default_factory=dict)  # output name -> kind (class, regression, ...)
+    search_budget_s: float = SEARCH_BUDGET_S  # wall time the mixed-precision layer search may take (--search-budget)
     allow_slower_int8: bool = False  # an INT8 build slower than float on the board's kernels may pass (edgekit.speed)
 
     @contextmanager

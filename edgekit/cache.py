@@ -257,7 +257,7 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
                golden_count: int, options: dict[str, Any] | None, output_kinds: dict[str, str] | None,
                eval_output: str | None, cache_dir: str | Path | None = None,
                log: Callable[[str], None] = lambda m: None, strict: bool = False,
-               allow_slower_int8: bool = False) -> BuildCache | None:
+               allow_slower_int8: bool = False, search_budget_s: float | None = None) -> BuildCache | None:
     """The cache for one convert call, its keys computed from the inputs' bytes; None when this build cannot be
     cached (said once per process, with the reason). ``strict`` (--strict: no mixed-precision build) and
     ``allow_slower_int8`` (the speed verdict waived) are keys of their own."""
@@ -290,6 +290,7 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
         "precision": precision, "opset": opset, "golden": golden_count, "options": options,
         "output_kinds": output_kinds, "eval_output": eval_output, **({"strict": True} if strict else {}),
         **({"allow_slower_int8": True} if allow_slower_int8 else {}),
+        **({"search_budget_s": search_budget_s} if search_budget_s is not None else {}),
     })
     what = {"kind": "build", "model": src, "target": target.name, "board": board.id}
     return BuildCache(cache_root(cache_dir), key, analysis_key, what)

@@ -97,6 +97,7 @@ def convert(
     verbose: bool = False,
     strict: bool = False,
     allow_slower_int8: bool = False,
+    search_budget_s: float | None = None,
 ) -> ConvertResult:
     """Convert ``model`` for ``target`` on ``board`` into the folder ``out`` (default
     ``build/<model>-<target>-<precision>``, the precision as planned).
@@ -116,6 +117,9 @@ def convert(
     An INT8 build is timed against the float build on the target's host runtime where the converter can (the
     ``speed`` stage, :mod:`edgekit.speed`); one slower than float fails verification unless ``allow_slower_int8``.
 
+    ``search_budget_s``: the time the mixed-precision layer search may take (default
+    :data:`edgekit.converters.job.SEARCH_BUDGET_S`).
+
     An INT8 build that fails verification gets mixed precision (the ``mixed`` stage, :mod:`edgekit.mixed.fallback`:
     the fewest sensitive layers kept at higher precision, then verified again) unless ``strict``.
     """
@@ -128,7 +132,7 @@ def convert(
         model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
         trust_pickle=trust_pickle, opset=opset, golden_count=golden_count, options=options, strict=strict,
         output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log,
-        allow_slower_int8=allow_slower_int8) if cache else None
+        allow_slower_int8=allow_slower_int8, search_budget_s=search_budget_s) if cache else None
     hit = build_cache.cached_build(bc, out, DEFAULT_BUILD_ROOT, log, warn)
     if hit is not None:
         res = ConvertResult(*hit)
@@ -167,6 +171,7 @@ def convert(
                 float_onnx=an.float_graph if m.is_torch else None,
                 float_tflite=an.float_graph if m.is_tf else None,
                 step=lambda name, msg: on_stage(f"convert/{name}", msg), allow_slower_int8=allow_slower_int8,
+                **({"search_budget_s": search_budget_s} if search_budget_s is not None else {}),
             )
             conv = get_converter(tgt.converter)
             with clock.stage("convert"):

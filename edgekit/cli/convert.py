@@ -36,6 +36,7 @@ def convert(
     cache_dir: CacheDirOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the toolchains' own output live (always kept in the build's toolchain.log)")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="int8: fail when verification fails, instead of keeping the most sensitive layers at higher precision")] = False,
+    search_budget: Annotated[float | None, typer.Option("--search-budget", min=1, help="int8: seconds the mixed-precision layer search may take (default 90)")] = None,
     allow_slower_int8: Annotated[bool, typer.Option("--allow-slower-int8", help="int8: pass a build that runs slower than the fp32 build on the target's host runtime (default: it fails; INT8 is for speed)")] = False,
     tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="tighten (or loosen) the target's verification bar: key=value, e.g. min_top1_agreement=0.99 (an int8 build that misses it keeps layers at higher precision)")] = None,
 ) -> None:
@@ -51,7 +52,8 @@ def convert(
             golden_count=golden, options=parse_overrides(option, "--option", "allow_float_fallback=true") or None,
             max_data_mb=max_data_mb, output_kinds={k: str(v) for k, v in parse_overrides(
                 output_kind, "--output-kind", "landmarks=regression").items()} or None,
-            eval_output=eval_output, strict=strict, allow_slower_int8=allow_slower_int8, log=lambda m: err.print(f"  [dim]{m}[/]"),
+            eval_output=eval_output, strict=strict, allow_slower_int8=allow_slower_int8,
+            search_budget_s=search_budget, log=lambda m: err.print(f"  [dim]{m}[/]"),
             warn=lambda m: err.print(f"[yellow]warning:[/] {m}"), on_stage=progress.on_stage, verbose=verbose,
             cache=not no_cache, cache_dir=cache_dir,
             tolerance=parse_overrides(tolerance, "--tolerance", "min_top1_agreement=0.99") or None,

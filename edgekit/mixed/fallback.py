@@ -79,7 +79,8 @@ def _a16_layer_search(job: Any, conv: Activations16, wide: Any, again: Any, kind
     log(f"16x8 fails verification too ({_first(again.verification.failures)}): searching its ops to keep float")
     try:
         art, chk = _layer_fallback(job, _A16Layers(conv), None, wide, again, kinds, tol, reverify, log, warn, 4,
-                                   label="the 16x8 build", plot_name=PLOT16, budget_s=A16_SEARCH_BUDGET_S)
+                                   label="the 16x8 build", plot_name=PLOT16,
+                                   budget_s=min(A16_SEARCH_BUDGET_S, job.search_budget_s))
     except (ConversionError, UnsupportedOpError) as exc:  # a search build ai-edge-quantizer could not write
         why = str(exc).split(": ", 1)[-1][:300]
         return wide, again, {"searched": False, "reason": why, "passed_after": False}
@@ -199,7 +200,7 @@ def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checke
 def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | None, artifact: Any, checked: Any,
                     kinds: dict[str, str], tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None],
                     warn: Callable[[str], None], extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT,
-                    budget_s: float = 300.0) -> tuple[Any, Any]:
+                    budget_s: float | None = None) -> tuple[Any, Any]:
     """The layer search: search, rebuild with the kept layers (``conv.keep_layers``), re-verify with
     ``reverify(artifact)``; not run where ``unsearchable`` says this job's build path keeps no chosen layer.
     ``label``: the build searched, as the messages name it."""
@@ -225,7 +226,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         return all(smoke.check_output(n, kinds[n], r, g, tol_d, "int8")["passed"]
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
-    outcome = keep_fewest(search, passes, log=log, budget_s=budget_s)
+    outcome = keep_fewest(search, passes, log=log, budget_s=job.search_budget_s if budget_s is None else budget_s)
     if outcome.spread:
         msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (kept at higher "
                f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the "
