@@ -1,12 +1,14 @@
-"""edgekit convert --target jetson --precision int8 vs the raw toolchain calls, side by side.
+"""edgekit convert --precision int8 vs the raw toolchain calls, side by side, with the build cache off.
 
-Raw path = what a user would otherwise write: torch.export.load -> torch.onnx.export
+Raw path = what a user would otherwise write. jetson: torch.export.load -> torch.onnx.export
 (dynamo, opset 18) -> onnxslim -> onnxruntime quant_pre_process -> quantize_static (QDQ,
-symmetric, per-channel, MinMax) on the same calibration data. edgekit adds ingest checks,
-analysis (op-support + liveness), host verification (golden + eval accuracy on
-onnxruntime), golden files, runner copy, manifest hashes, report, atomic output.
+symmetric, per-channel, MinMax) on the same calibration data. android: torch.export.load ->
+litert-torch's PT2E quantizer (prepare_pt2e, calibration, convert_pt2e) -> litert_torch.convert ->
+.tflite. edgekit adds ingest checks, analysis (op-support + liveness), the observer choice, host
+verification (golden + eval accuracy), for android the fp32 lowering and the speed comparison,
+golden files, runner copy, manifest hashes, report, atomic output.
 
-    python bench/convert_overhead.py [--repeats 3] [--no-eval]
+    python bench/convert_overhead.py [--target jetson|android] [--repeats 3] [--no-eval]
 
 Prints median wall time of each and the ratio, measured in this one run (alternating
 order so warm caches favour neither), plus `edgekit --help` wall time in a fresh process.
@@ -61,11 +63,32 @@ def raw_toolchain(model: Path, calib: Path, out: Path) -> None:
                       extra_options={"ActivationSymmetric": True, "WeightSymmetric": True})
 
 
-def edgekit_convert(model: Path, calib: Path, out: Path, with_eval: bool) -> None:
+def raw_litert(model: Path, calib: Path, out: Path) -> None:
+    import litert_torch
+    import torch
+    from litert_torch.quantize import pt2e_quantizer as pq
+    from litert_torch.quantize.quant_config import QuantConfig
+    from torchao.quantization.pt2e import quantize_pt2e
+
+    ep = torch.export.load(str(model))
+    q = pq.PT2EQuantizer().set_global(pq.get_symmetric_quantization_config(is_per_channel=True))
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        prepared = quantize_pt2e.prepare_pt2e(ep.module(), q)
+        data = np.load(calib)["image"]
+        with torch.no_grad():
+            for i in range(len(data)):
+                prepared(torch.from_numpy(data[i : i + 1]))
+        conv = quantize_pt2e.convert_pt2e(prepared, fold_quantize=False)
+        edge = litert_torch.convert(conv, (torch.zeros(1, 1, 8, 8),), quant_config=QuantConfig(pt2e_quantizer=q))
+        edge.export(str(out / "model.tflite"))
+
+
+def edgekit_convert(model: Path, calib: Path, out: Path, with_eval: bool, target: str) -> None:
     from edgekit.pipeline import convert
 
-    convert(model, "jetson", out / "build", precision="int8", calib=str(calib),
-            eval_data=str(DIGITS / "eval.npz") if with_eval else None)
+    convert(model, target, out / "build", precision="int8", calib=str(calib),
+            eval_data=str(DIGITS / "eval.npz") if with_eval else None, cache=False)
 
 
 def help_time() -> float:
@@ -77,13 +100,15 @@ def help_time() -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--target", choices=("jetson", "android"), default="jetson")
     ap.add_argument("--no-eval", action="store_true", help="skip edgekit's eval-accuracy step (raw path has none)")
     args = ap.parse_args()
     model, calib = DIGITS / "digits_cnn.pt2", DIGITS / "calib.npz"
 
+    raw = raw_toolchain if args.target == "jetson" else raw_litert
     # warm-up: first imports of torch/onnxruntime are paid once by whichever runs first
     with tempfile.TemporaryDirectory() as d:
-        raw_toolchain(model, calib, Path(d))
+        raw(model, calib, Path(d))
     raw_t, ek_t = [], []
     for i in range(args.repeats):
         order = [("raw", raw_t), ("edgekit", ek_t)] if i % 2 == 0 else [("edgekit", ek_t), ("raw", raw_t)]
@@ -91,13 +116,13 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as d:
                 t0 = time.perf_counter()
                 if name == "raw":
-                    raw_toolchain(model, calib, Path(d))
+                    raw(model, calib, Path(d))
                 else:
-                    edgekit_convert(model, calib, Path(d), not args.no_eval)
+                    edgekit_convert(model, calib, Path(d), not args.no_eval, args.target)
                 bucket.append(time.perf_counter() - t0)
     raw_m, ek_m = statistics.median(raw_t), statistics.median(ek_t)
     helps = sorted(help_time() for _ in range(3))
-    print(f"model: {model.relative_to(ROOT)}  (int8, calibration {len(np.load(calib)['image'])} samples)")
+    print(f"model: {model.relative_to(ROOT)}  ({args.target} int8, build cache off, calibration {len(np.load(calib)['image'])} samples)")
     print(f"raw toolchain   median {raw_m:.2f} s  runs {[round(t, 2) for t in raw_t]}")
     print(f"edgekit convert median {ek_m:.2f} s  runs {[round(t, 2) for t in ek_t]}"
           f"  ({'with' if not args.no_eval else 'without'} eval on 450 samples)")

@@ -58,6 +58,26 @@ def test_mse_calibration_picks_the_range_of_least_quantization_error():
     assert mse(float(hi)) <= 1.02 * min(mse(t) for t in grid) < mse(float(x.max()))
 
 
+def test_entropy_calibration_is_tensorrts_kl_search_on_the_shared_histogram():
+    """calibration=entropy: TensorRT's KL-divergence threshold on the same |x| histogram the percentile methods
+    read (no calibration pass of its own). A Gaussian with a few far outliers: the threshold cuts the outliers
+    (well below the largest |x|) and keeps the body (beyond 2.5 sigma); a distribution with nothing to clip keeps
+    its whole range within a bin stride."""
+    import numpy as np
+
+    from edgekit.converters.tensorrt.calibration import _entropy_thresholds
+
+    rng = np.random.default_rng(0)
+    x = np.abs(np.concatenate([rng.normal(0, 1, 200_000), [40.0, -35.0, 38.0]])).astype(np.float32)
+    hist, edges = np.histogram(x, bins=2048)
+    lo, hi, *_ = _entropy_thresholds({"a": (hist, edges.astype(np.float32), x.min(), x.max())})["a"]
+    assert lo == -hi and 2.5 < hi < 0.25 * x.max()
+    u = rng.uniform(0, 1, 100_000).astype(np.float32)
+    hist, edges = np.histogram(u, bins=2048)
+    _, hi_u, *_ = _entropy_thresholds({"u": (hist, edges.astype(np.float32), u.min(), u.max())})["u"]
+    assert hi_u >= edges[-1] - 8 * (edges[1] - edges[0])
+
+
 @pytest.mark.slow  # a long toolchain build: in the full run (pytest -m 'not zoo')
 def test_jetson_int8_failure_keeps_the_fewest_layers_float_and_passes(digits, tmp_path):
     """plan_nets.digits_int8_fragile: trained digits weights where per-channel INT8 cannot hold the head

@@ -14,14 +14,15 @@ from edgekit.converters import ConvertJob
 from edgekit.onnx_graph import tensor_values
 
 # ``--option calibration=``: name -> (onnxruntime CalibrationMethod, the calibrator's settings, really passed).
-# Entropy: 2048 histogram bins searched for the KL-optimal threshold over 128 quantized bins (TensorRT's
-# settings; quantize_static's own path leaves num_bins at 128, where entropy equals min-max).
+# Entropy: TensorRT's KL-divergence threshold over the same 2048-bin |x| histogram the percentile methods read,
+# 128 quantized bins (edgekit's _entropy_thresholds; onnxruntime's entropy calibrator computes the same search in a
+# Python loop per tensor, many times the rest of an INT8 build on a large model).
 # onnxruntime's "Distribution" method is for float8 (its int8 range is the histogram's full range: min-max).
 CALIBRATIONS: dict[str, tuple[str, dict]] = {
     "minmax": ("MinMax", {}),
     "percentile": ("Percentile", {"percentile": 99.999, "num_bins": 2048}),
     "percentile-99.99": ("Percentile", {"percentile": 99.99, "num_bins": 2048}),
-    "entropy": ("Entropy", {"num_bins": 2048, "num_quantized_bins": 128}),
+    "entropy": ("Percentile", {"num_bins": 2048, "num_quantized_bins": 128}),
     # the range whose int8 rounding + clipping error over the histogram is least (pytorch-quantization's "mse",
     # PT2E's HistogramObserver): onnxruntime collects the |x| histogram, edgekit's _mse_thresholds picks the range
     "mse": ("Percentile", {"num_bins": 2048}),
@@ -70,6 +71,8 @@ def calibrated_ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histog
                 histograms["percentile"] = collector
         if name == "mse":  # the percentile collector's |x| histograms, edgekit's threshold rule
             result = _mse_thresholds(collector.histogram_dict)
+        elif name == "entropy":
+            result = _entropy_thresholds(collector.histogram_dict)
         else:
             collector.percentile = settings["percentile"]
             result = collector.compute_percentile()
@@ -94,6 +97,37 @@ def _mse_thresholds(histograms: dict, levels: int = 127, candidates: int = 256) 
             s = ts[:, None] / levels
             err = ((np.minimum(np.round(c[None, :] / s), levels) * s - c[None, :]) ** 2 * h[None, :]).sum(axis=1)
             t = np.array(ts[int(np.argmin(err))], dtype=edges.dtype)
+        out[tensor] = (-t, t, hist, edges)
+    return out
+
+
+def _entropy_thresholds(histograms: dict, quantized_bins: int = 128, stride: int = 8) -> dict:
+    """Per tensor, TensorRT's entropy calibration on its |x| histogram: the threshold (a bin edge, every
+    ``stride``-th from ``quantized_bins`` up) whose clipped distribution P (the bins beyond it added to its last
+    bin) and P quantized to ``quantized_bins`` levels and expanded back (each level's mass spread over its non-empty
+    bins) are closest in KL divergence. The same result format as :func:`_mse_thresholds`."""
+    out = {}
+    for tensor, (hist, edges, lo, hi) in histograms.items():
+        h = np.asarray(hist, np.float64)
+        n = len(h)
+        best, best_i = np.inf, n
+        if h.sum() > 0 and n > quantized_bins:
+            for i in range(quantized_bins, n + 1, stride):
+                p = h[:i].copy()
+                p[-1] += h[i:].sum()
+                group = np.minimum((np.arange(i) * quantized_bins) // i, quantized_bins - 1)
+                mass = np.bincount(group, weights=h[:i], minlength=quantized_bins)
+                nonzero = np.bincount(group, weights=(h[:i] > 0).astype(np.float64), minlength=quantized_bins)
+                q = np.where(h[:i] > 0, mass[group] / np.maximum(nonzero[group], 1), 0.0)
+                ps, qs = p.sum(), q.sum()
+                if ps <= 0 or qs <= 0:
+                    continue
+                pn, qn = p / ps, q / qs
+                keep = pn > 0
+                kl = float(np.sum(pn[keep] * np.log(pn[keep] / np.maximum(qn[keep], 1e-12))))
+                if kl < best:
+                    best, best_i = kl, i
+        t = np.array(edges[min(best_i, n)], dtype=edges.dtype)
         out[tensor] = (-t, t, hist, edges)
     return out
 

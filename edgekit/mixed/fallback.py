@@ -226,7 +226,8 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         return all(smoke.check_output(n, kinds[n], r, g, tol_d, "int8")["passed"]
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
-    outcome = keep_fewest(search, passes, log=log, budget_s=job.search_budget_s if budget_s is None else budget_s)
+    budget = job.search_budget_s if budget_s is None else budget_s
+    outcome = keep_fewest(search, passes, log=log, budget_s=budget)
     if outcome.spread:
         msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (kept at higher "
                f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the "
@@ -285,6 +286,10 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
             continue
         built = (rebuilt, reverify(rebuilt))
         if built[1].verification.passed or not extra or more == 0:
+            break
+        if outcome.seconds + time.perf_counter() - t0 > budget:  # each step is a whole build: the budget holds them
+            log(f"re-verification failed with {len(outcome.kept)} kept; no more layers tried: the search's time "
+                f"budget ({budget:.0f} s, --search-budget) is spent")
             break
         more -= 1
         outcome.kept.append(extra.pop(0))  # the search samples passed, the golden ones do not: one more layer
