@@ -159,7 +159,7 @@ def test_on_a_cpu_board_16x8_is_not_tried_unless_a_slower_build_is_accepted(outl
     assert not v.passed
     a16 = art["mixed_precision"]["activations16"]
     assert not a16["built"] and "reference kernels" in a16["reason"] and "--allow-slower-int8" in a16["reason"]
-    assert "activation_bits" not in art["quantization"] and _input_dtype(res.out_dir / "model.tflite") == "int8"
+    assert "activation_bits" not in art["quantization"] and _input_dtype(res.out_dir / "model.tflite") != "int16"
     assert any("16-bit activations not tried" in n for n in v.notes)
 
 
