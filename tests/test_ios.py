@@ -341,6 +341,36 @@ def test_pixel_shuffle_runs_in_the_host_interpreter(tmp_path):
     assert res.manifest["artifact"]["linux_checks"]["op_counts"].get("pixel_shuffle") == 1
 
 
+def test_prelu_after_a_linear_layer_and_in_3d_converts(tmp_path):
+    """coremltools refused a per-channel PReLU at ranks other than 4 ("rank 3 or rank 5 input is only supported
+    when all the values of alpha are same": MTCNN's O-Net has one after a Linear layer). edgekit's prelu converter
+    writes it out as relu(x) + alpha * min(x, 0) there; the rank-4 PReLU stays MIL's prelu. All three verify
+    against float."""
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.conv, self.p4 = torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.PReLU(4, init=0.1)
+            self.c1, self.p3 = torch.nn.Conv1d(8, 6, 3, padding=1), torch.nn.PReLU(6, init=0.2)
+            self.fc, self.p2 = torch.nn.Linear(4 * 64 + 6 * 8, 16), torch.nn.PReLU(16, init=0.3)
+            with torch.no_grad():
+                for p in (self.p4, self.p3, self.p2):
+                    p.weight.copy_(torch.linspace(0.05, 0.6, p.weight.numel()))  # one alpha per channel
+
+        def forward(self, x):
+            a = self.p4(self.conv(x)).flatten(1)
+            b = self.p3(self.c1(x[:, 0])).flatten(1)
+            return self.p2(self.fc(torch.cat([a, b], 1)))
+
+    torch.export.save(torch.export.export(Net().eval(), (torch.zeros(1, 1, 8, 8),)), tmp_path / "p.pt2")
+    res = convert(str(tmp_path / "p.pt2"), target="ios", out=tmp_path / "o", precision="fp16")
+    assert res.verification.passed, res.verification.failures
+    ops = res.manifest["artifact"]["linux_checks"]["op_counts"]
+    assert ops.get("prelu") == 1 and ops.get("minimum", 0) >= 2, ops
+
+
 @pytest.mark.skipif(ON_MAC, reason="on macOS W8A8 is calibrated by Core ML on the converted program")
 def test_an_lstm_converts_through_torch_export_at_fp16_and_w8a8(tmp_path):
     """coremltools' torch.export frontend looked aten.lstm.input up under a name it never registered: LSTM models

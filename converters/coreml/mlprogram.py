@@ -20,7 +20,36 @@ def load_coremltools() -> Any:
     """coremltools (the ios extra), with the converters edgekit adds to its torch.export frontend."""
     ct = require("coremltools", EXTRA)
     _lstm_for_torch_export()
+    _prelu_any_rank()
     return ct
+
+
+def _prelu_any_rank() -> None:
+    """coremltools' ``prelu`` converter hands MIL's ``prelu`` a rank-3 tensor for a rank-1/2 input (a PReLU after
+    a Linear layer) and a rank-5 one as it comes, and MIL's prelu takes one alpha per channel only at rank 4
+    ("rank 3 or rank 5 input is only supported when all the values of alpha are same"). Registered over it: rank 4,
+    or one alpha for every channel, as before; otherwise PReLU written out as ``relu(x) + alpha * min(x, 0)``, alpha
+    along axis 1 (what android's int8 rewrite does too)."""
+    from coremltools.converters.mil import Builder as mb
+    from coremltools.converters.mil.frontend.torch import ops
+    from coremltools.converters.mil.frontend.torch.torch_op_registry import _TORCH_OPS_REGISTRY
+
+    original = _TORCH_OPS_REGISTRY.get_func("prelu")
+    if original is None or getattr(original, "edgekit", False):
+        return
+
+    def prelu(context, node):
+        x, alpha = ops._get_inputs(context, node, expected=2)
+        a = np.asarray(alpha.val, dtype=np.float32).reshape(-1) if alpha.val is not None else None
+        if a is None or x.rank == 4 or a.size == 1:
+            return original(context, node)
+        shape = [1] * x.rank
+        shape[1 if x.rank >= 2 else 0] = a.size
+        negative = mb.mul(x=mb.minimum(x=x, y=np.float32(0.0)), y=a.reshape(shape))
+        context.add(mb.add(x=mb.relu(x=x), y=negative, name=node.name))
+
+    prelu.edgekit = True  # type: ignore[attr-defined]
+    _TORCH_OPS_REGISTRY.set_func_by_name(prelu, "prelu")
 
 
 def _lstm_for_torch_export() -> None:
