@@ -86,7 +86,8 @@ def test_prelu_hardswish_bn_after_relu_fully_int8(ops_int8):
     assert art["full_integer"] is True and art["float_ops"] == []
     ops = art["op_counts"]
     # TFLite's own int8 kernels for the activations; BN and PReLU's slopes are depthwise conv weights
-    for op in ("HARD_SWISH", "LEAKY_RELU", "PAD", "RESIZE_NEAREST_NEIGHBOR", "DEPTHWISE_CONV_2D"):
+    assert "HARD_SWISH" not in ops  # written out into ADD / MUL: XNNPACK has no int8 HARD_SWISH
+    for op in ("LEAKY_RELU", "PAD", "RESIZE_NEAREST_NEIGHBOR", "DEPTHWISE_CONV_2D", "ADD", "MUL"):
         assert ops.get(op, 0) >= 1, ops
     assert "QUANTIZE" not in ops and "DEQUANTIZE" not in ops
     rep = audit(ops_int8.out_dir / "model.tflite")
@@ -259,11 +260,11 @@ def test_upsampling_conv_transpose_converts_full_integer_as_conv_and_pixel_shuff
     (checked here to 1e-5), full-integer in the .tflite, the map kept on real digits. A ConvTranspose with
     padding has no such rewrite and stays refused by name."""
     import onnx
+    from edgekit.converters.tflite.int8_rewrites import transform
     from sklearn.datasets import load_digits
 
     from edgekit.analyze import analyze_onnx
     from edgekit.profiles import load_target
-    from edgekit.converters.tflite.int8_rewrites import transform
 
     torch.manual_seed(0)
     model = UpNet().eval()
@@ -452,6 +453,7 @@ def test_sigmoid_scores_concatenated_with_boxes_run_on_the_builtin_kernels(tmp_p
     # the check itself: the same model with a LOGISTIC writing at another scale (what sharing the concatenation's
     # scale gave) is named as refused by the builtin kernels
     from edgekit.converters.tflite.interpreter import builtin_refusal as _builtin_refusal
+
     from edgekit.tflite_graph import TFLiteGraph
 
     g = TFLiteGraph(res.out_dir / "model.tflite")
@@ -508,9 +510,8 @@ def test_small_weights_keep_their_resolution(tmp_path):
     output SNR is under 10 dB, checked here on the same fake-quant program)."""
     import copy
 
-    from torchao.quantization.pt2e import quantize_pt2e
-
     from edgekit.converters.tflite.quantizer import pt2e_quantizer as _quantizer
+    from torchao.quantization.pt2e import quantize_pt2e
 
     torch.manual_seed(0)
     net = SmallWeights().eval()

@@ -60,7 +60,7 @@ def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m:
                                                             notes=[]))
 
     job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path, options={})
+                          out_dir=tmp_path, options={}, search_budget_s=90.0)
     tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
     checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
     return fallback(job, converter, SimpleNamespace(meta={}, notes=[], files=[]), checked, {"y": "regression"}, tol,

@@ -132,9 +132,10 @@ def test_values_an_if_branch_reads_are_not_folded_away(tmp_path):
         np.testing.assert_allclose(_run(m.onnx_path, x), _run(p, x), rtol=1e-5, atol=1e-5)
 
 
-def test_written_out_hardswish_is_one_int8_op_on_android_and_verifies_on_ios(tmp_path):
-    """android INT8: paddle2onnx's x * clip(x + 3, 0, 6) / 6 becomes one HARD_SWISH op (four int8 ops before, each
-    rounding its output); ios fp16 converts the graph as published and verifies."""
+def test_written_out_hardswish_runs_on_xnnpack_int8_kernels_on_android_and_verifies_on_ios(tmp_path):
+    """android INT8: paddle2onnx's x * clip(x + 3, 0, 6) / 6 stays ADD (RELU6 fused) and MUL, which XNNPACK runs in
+    int8; ``hard_activations=fused`` makes it one HARD_SWISH op (one rounding instead of three, but no XNNPACK
+    int8 kernel). Both verify; ios fp16 converts the graph as published and verifies."""
     from edgekit.pipeline import convert
 
     rng = np.random.default_rng(3)
@@ -150,10 +151,16 @@ def test_written_out_hardswish_is_one_int8_op_on_android_and_verifies_on_ios(tmp
     res = convert(str(p), target="ios", precision="fp16", out=tmp_path / "ios", cache=False,
                   fail_on_verification=False)
     assert res.verification.passed, res.verification.failures
-    res = convert(str(p), target="android", precision="int8", calib=str(calib), out=tmp_path / "android",
-                  cache=False, fail_on_verification=False, strict=True)
-    assert res.verification.passed, res.verification.failures
-    assert "HARD_SWISH" in str(res.manifest), "the int8 .tflite has one HARD_SWISH op"
+    for option, hard_swish in (({}, 0), ({"hard_activations": "fused"}, 1)):
+        res = convert(str(p), target="android", precision="int8", calib=str(calib), out=tmp_path / "android",
+                      cache=False, fail_on_verification=False, strict=True, options=option,
+                      allow_slower_int8=True)  # this test is about the ops; speed: tests/test_speed.py
+        assert res.verification.passed, (option, res.verification.failures)
+        ops = res.manifest["artifact"]["op_counts"]
+        assert ops.get("HARD_SWISH", 0) == hard_swish and res.manifest["artifact"]["full_integer"], (option, ops)
+        if not hard_swish:
+            assert ops.get("ADD", 0) >= 1 and ops.get("MUL", 0) >= 2, ops
+            assert not res.manifest["artifact"]["not_delegable_int8"]
 
 
 def _pad_pool(value: float, pads: list[int]) -> onnx.ModelProto:

@@ -16,7 +16,7 @@ from edgekit.cli.common import CacheDirOpt, ConstOpt, SetOpt, ShapeOpt, app, con
 def convert(
     model: Annotated[str, typer.Argument(help="model file (.pt2, .pt, .onnx, .keras, .h5), SavedModel folder, or pkg.module:factory")],
     target: Annotated[str, typer.Option("--target", "-t", help="output target, see `edgekit targets`")] = "jetson",
-    out: Annotated[Path | None, typer.Option("--output", "-o", help="output folder (default build/<model>-<target>-<precision>; replaced only if edgekit wrote it)")] = None,
+    out: Annotated[Path | None, typer.Option("--output", "-o", help="output folder (default: MODEL-TARGET-PRECISION under build/; replaced only if edgekit wrote it)")] = None,
     board: Annotated[str | None, typer.Option("--board", "-b", help="board profile, see `edgekit boards`")] = None,
     precision: Annotated[str, typer.Option("--precision", "-p", help="auto (the planner picks from the board's budgets) | fp32 | fp16 | int8 | ... (see `edgekit targets`)")] = "auto",
     calib: Annotated[str | None, typer.Option("--calib", help="calibration .npz, or 'random' (accuracy then unknown)")] = None,
