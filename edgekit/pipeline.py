@@ -191,7 +191,7 @@ def convert(
                 stages.against_original(ing.model, lambda: conv.host_runner(job, artifact), prep, tol,
                                         planned.precision, checked.verification, reference)
             with clock.stage("speed"):
-                stages.speed(job, conv, artifact, checked, log, _warn)
+                stages.speed(job, conv, artifact, checked, _warn)
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, prep.calib,

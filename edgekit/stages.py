@@ -337,7 +337,7 @@ def mixed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked,
     return fallback(job, converter, artifact, checked, prep.kinds, tol, reverify, log, warn, offers=offers)
 
 
-def speed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked, log: Callable[[str], None],
+def speed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked,
           warn: Callable[[str], None]) -> None:
     """speed: an INT8 build (the one the mixed stage ends with) timed against the same model's float build on the
     target's host runtime, where the registry declares the converter can (``ConverterInfo.speed``,
@@ -352,9 +352,7 @@ def speed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked,
     if timed is None:
         return
     artifact.meta["speed"] = timed.to_json()
-    line = timed.line(job.precision)
-    log(line)
-    artifact.notes.append(line)
+    artifact.notes.append(timed.line(job.precision))  # the CLI prints it from the manifest (artifact.speed)
     if not timed.judged:
         artifact.notes.append(f"speed not judged against float: {timed.not_judged}")
     failure = verdict(timed, job.precision, job.allow_slower_int8)
