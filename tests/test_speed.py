@@ -39,7 +39,7 @@ def test_a_slower_int8_build_fails_unless_accepted_or_not_judged_here():
 
 def test_interleaved_timing_tells_a_slow_call_from_a_fast_one():
     fast_ms, slow_ms, runs = interleaved(lambda: time.sleep(0.001), lambda: time.sleep(0.004), budget_s=0.5)
-    assert runs >= 5 and slow_ms > fast_ms * (1 + MARGIN) and 0.9 < fast_ms < 3.5
+    assert runs >= 5 and slow_ms > fast_ms * (1 + MARGIN) and fast_ms > 0.9  # sleep(1 ms): at least 1 ms
     assert _speed(fast_ms, slow_ms).slower
 
 

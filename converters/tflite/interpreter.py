@@ -55,27 +55,27 @@ def interpreter(path: Path, threads: int):
     return interp
 
 
+def on_zeros(path: Path, threads: int):
+    """The interpreter of ``path`` with zeros in every input: its ``invoke`` is one timed run."""
+    interp = interpreter(path, threads)
+    for d in interp.get_input_details():
+        interp.set_tensor(d["index"], np.zeros(d["shape"], dtype=d["dtype"]))
+    return interp
+
+
 def against_float(float_path: Path, path: Path, threads: int = 1) -> tuple[float, float, int]:
     """Median ms of the fp32 .tflite ``float_path`` and the build ``path`` on zeros, timed in turns in this
     process (:func:`edgekit.speed.interleaved`): (float ms, build ms, runs of each)."""
     from edgekit.speed import interleaved
 
-    def ready(p: Path):
-        interp = interpreter(p, threads)
-        for d in interp.get_input_details():
-            interp.set_tensor(d["index"], np.zeros(d["shape"], dtype=d["dtype"]))
-        return interp.invoke
-
-    return interleaved(ready(float_path), ready(path))
+    return interleaved(on_zeros(float_path, threads).invoke, on_zeros(path, threads).invoke)
 
 
 def latency(path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:
     """Median latency (ms) of ``iters`` runs on zeros, per thread count."""
     out = {}
     for t in threads:
-        interp = interpreter(path, t)
-        for d in interp.get_input_details():
-            interp.set_tensor(d["index"], np.zeros(d["shape"], dtype=d["dtype"]))
+        interp = on_zeros(path, t)
         for _ in range(5):
             interp.invoke()
         times = []
