@@ -189,6 +189,9 @@ class Tolerance(_Strict):
     min_iou: float = Field(default=0.9, ge=0, le=1, description="mask outputs: IoU at threshold 0.5")
     min_exact: float = Field(default=0.99, ge=0, le=1, description="index outputs: share of exact matches")
     max_accuracy_drop_points: float = Field(ge=0, le=100, description="with --eval: float minus converted accuracy")
+    max_error_decides: bool = Field(default=False, description="class / regression outputs: max_rel_error fails an "
+                                    "output even where its task metric (min_top1_agreement, min_snr_db) passes; "
+                                    "default: it is then a warning naming the worst sample")
 
 
 class Target(_Strict):
@@ -214,6 +217,9 @@ class Target(_Strict):
         default_factory=list, description="ONNX ops outside supported_ops that the converter rewrites into ops the "
         "target runs, where their pattern allows (edgekit.analyze._rewritable: Pow 2 -> Mul, Div by a Sqrt -> "
         "Rsqrt + Mul, Div by a constant -> Mul)")
+    missing_ops: dict[str, str] = Field(
+        default_factory=dict, description="op -> why the target's own toolchain cannot build it (a true limit of "
+        "the target today, said so in the refusal)")
     converter_gaps: dict[str, str] = Field(
         default_factory=dict, description="op -> why edgekit refuses it although the target's runtime has it (a "
         "limitation of edgekit's converter, said so in the refusal)")

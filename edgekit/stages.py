@@ -201,11 +201,12 @@ def op_refusal(stats: ModelStats, target: Target, options: dict[str, Any] | None
     at = f" at {', '.join(target.ops_precisions)}" if target.ops_precisions else ""
     if target.ops_precisions:
         fix += f", or choose --precision {next(p for p in target.precisions if p not in target.ops_precisions)}"
-    gaps = {u["op"] for u in stats.unsupported if u["op"] in target.converter_gaps}
-    if gaps:  # the runtime has these ops: say whose limitation it is
+    reasons = {**target.missing_ops, **target.converter_gaps}
+    gaps = {u["op"] for u in stats.unsupported if u["op"] in reasons}
+    if gaps:  # say whose limitation it is: the target's toolchain (missing_ops) or edgekit's (converter_gaps)
         own = [u for u in stats.unsupported if u["op"] not in gaps]
         why = "; ".join(f"{op} (node {', '.join(u['node'] for u in stats.unsupported if u['op'] == op)[:120]}): "
-                        f"{target.converter_gaps[op]}" for op in sorted(gaps))
+                        f"{reasons[op]}" for op in sorted(gaps))
         head = (f"target {target.name} cannot run {len(own)} op(s){at}: "
                 + ", ".join(f"{u['op']} (node {u['node']})" for u in own[:10]) + "; ") if own else ""
         return f"{head}{why}; {fix}"

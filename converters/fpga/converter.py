@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from edgekit.converters import Artifact, ConvertJob, Runner
+from edgekit.converters.fpga import graph as fg
 from edgekit.converters.fpga import quant as fq
 from edgekit.converters.fpga import resources as fr
 from edgekit.converters.fpga.csim import CHECK_SAMPLES, TABLE_TOL, fabric_input, predict, require_exact
@@ -53,10 +54,17 @@ class Hls4mlConverter:
                                             job.opset or job.target.opset or 18)
         clean = job.work_dir / "float.onnx"
         slim(raw, clean)
-        layers = fq.read_chain(clean)
-        is_cnn = any(lay.kind == "conv" for lay in layers)
+        import onnx
+
+        proto = onnx.load(str(clean))
+        gm, layers = fg.standardize(fg.to_torch(proto, str(job.model.source)), proto, calib)
+        is_cnn = any("conv" in lay["kind"] for lay in layers)  # streamed channels-last (io_stream)
         po2 = job.options.get("fpga_scales", "po2") == "po2"
-        qmodel = fq.build_brevitas(layers, bits, signed_input=bool(calib.min() < 0), po2=po2)
+        if not po2:
+            raise ConversionError("fpga_scales=float: hls4ml's ap_fixed arithmetic can never be bit-exact against "
+                                  "QONNX with float scales (and hls4ml 1.3 fails to convert them); use the default "
+                                  "power-of-two scales")
+        qmodel = fg.quantize(gm, bits, signed_input=bool(calib.min() < 0))
         fq.calibrate(qmodel, calib)
         mw = fq.export_qonnx(qmodel, calib, job.work_dir / "brevitas.onnx", job.out_dir / PRIMARY, is_cnn)
         quants = fq.quant_summary(mw)
@@ -70,7 +78,7 @@ class Hls4mlConverter:
                                   "to convert them); use the default power-of-two scales")
 
         # resources before synthesis
-        costs = fr.layer_costs(layers, bits)
+        costs = fg.qonnx_costs(mw, bits)
         fifos = fifo_bits(mw, bits) if is_cnn else []
         est, tried = fr.pick_reuse(costs, fpga, is_cnn, fifos)
         if not est.fits:
@@ -129,11 +137,11 @@ class Hls4mlConverter:
             "hls_dir": HLS_DIR, "io_type": project["io_type"],
             "reuse_factor": est.reuse_factor, "strategy": project["cfg"]["Model"]["Strategy"],
             "clock_mhz": fpga.fabric_clock_mhz,
-            "quantization": {"tool": "brevitas PTQ", "weights_bits": bits, "activation_bits": bits,
+            "quantization": {"tool": "brevitas graph-mode PTQ (FlexML power-of-two maps)", "weights_bits": bits, "activation_bits": bits,
                              "input_bits": iq["bits"], "scales": "power of two" if po2 else "float",
                              "bias": "Int16Bias (scale = input x weight scale)", "quant_nodes": quants,
                              "input_quant": iq, "calibration_samples": len(calib)},
-            "layers": [{"name": lay.name, "kind": lay.kind} for lay in layers],
+            "layers": layers,
             "precisions": layer_precisions(hm),
             "bit_exact": state["bit_exact"],
             "table_check": state.get("table_check"),

@@ -22,8 +22,8 @@ TRACED_SAMPLES = 4  # calibration samples whose every layer before the table is 
 def fabric_input(state: dict[str, Any], x: np.ndarray) -> np.ndarray:
     """NCHW float input -> channels-last (CNN) and snapped onto the input quantizer's grid."""
     x = np.asarray(x, np.float32)
-    if state["cnn"] and x.ndim == 4:
-        x = x.transpose(0, 2, 3, 1)
+    if state["cnn"] and x.ndim in (3, 4):
+        x = np.moveaxis(x, 1, -1)  # channels last
     return fq.quantize_input(np.ascontiguousarray(x), state["iq"])
 
 
@@ -90,10 +90,10 @@ def first_mismatch(hm, mw, x1: np.ndarray, skip: str | None = None) -> str | Non
     ctx = fq.qonnx_execute(mw, x1, full=True)
     nodes = list(mw.graph.node)
     index = {n.name: i for i, n in enumerate(nodes)}
-    compute = ("MatMul", "Conv", "Relu", "MaxPool", "Flatten")
+    compute = ("MatMul", "Conv", "Relu", "MaxPool", "Flatten", "Add", "Sub", "Mul", "Concat", "LeakyRelu", "PRelu")
     for name, value in trace.items():
         base = name.removesuffix("_act")
-        for prefix in ("Dense_", "Conv2D_", "Conv1D_"):
+        for prefix in ("Dense_", "DepthwiseConv2D_", "DepthwiseConv1D_", "Conv2D_", "Conv1D_"):
             base = base.removeprefix(prefix)
         if base not in index or base == skip:
             continue  # hls4ml-only layer (zero padding, transposes), or the lookup table judged apart

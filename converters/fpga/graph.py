@@ -1,0 +1,399 @@
+"""Graph-mode quantization for the fabric: the whole float graph (branches, residual adds, concats, depthwise
+convolutions, BatchNorm, pooling) quantized with brevitas' graph-mode quantizer and power-of-two scales.
+
+1. ``to_torch``: the float ONNX (onnxslim-cleaned) goes to torch.fx through onnx2torch (the bridge the android and
+   ios targets use); ``standardize`` rewrites onnx2torch's modules into the torch modules and functions brevitas'
+   graph quantizer knows: a two-tensor Add/Sub into ``operator.add``/``sub``, Concat into ``torch.cat``, Clip into
+   ReLU6 / Hardtanh, a Mul/Div/Add/Sub by a per-channel constant into an affine layer that BatchNorm folding merges
+   into the conv before it, and average pooling (global or not) into a depthwise convolution with constant
+   weights 1/k (hls4ml's ONNX front end takes pooling only in its channels-last form, which qonnx does not write for
+   AveragePool). Anything hls4ml cannot build is refused here, naming the op.
+2. ``quantize``: ``brevitas.graph.quantize.preprocess_for_quantize`` (BatchNorm merged into the conv before it) and
+   ``quantize`` with the maps of brevitas' FlexML target (Xilinx's power-of-two scheme): ``FixedPoint`` weight and
+   activation quantizers, ``Int16Bias``, residual adds and concats whose inputs share one quantizer (one scale, so
+   hls4ml's fixed-point add is exact), each at ``bits``; the input quantizer stays 8-bit (the DMA word) and is
+   unsigned for non-negative data. A BatchNorm that follows no conv becomes a depthwise 1x1 convolution.
+3. calibration and QONNX export are ``quant.calibrate`` / ``quant.export_qonnx`` (unchanged for both paths).
+
+Chosen over hand-rebuilding the chain layer by layer (the previous path, ``quant.build_brevitas``) because brevitas'
+graph quantizer already solves scale alignment across branches; chosen over onnxruntime's QDQ quantizer plus
+qonnx's QCDQ->Quant conversion because that quantizer has no power-of-two scales (rounding its scales afterwards
+moves every zero point and bias).
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+from typing import Any
+
+import numpy as np
+
+from edgekit.deps import require
+from edgekit.errors import UnsupportedOpError
+
+# onnx2torch modules that are already torch modules brevitas knows, kept as they are
+KEEP = ("Conv1d", "Conv2d", "Linear", "ReLU", "ReLU6", "Hardtanh", "MaxPool1d", "MaxPool2d", "Flatten",
+        "BatchNorm1d", "BatchNorm2d", "LeakyReLU")
+# activations hls4ml computes from lookup tables: not bit-exact against the exact function, so only at the output
+TABLE_OPS = {"Sigmoid": "sigmoid", "Softmax": "softmax", "OnnxSoftmaxV1V11": "softmax", "Tanh": "tanh"}
+# ops with no hls4ml layer behind them (hls4ml 1.3's ONNX front end), by ONNX op name
+HLS4ML_LACKS = {
+    "HardSigmoid": "HardSigmoid (hls4ml 1.3's ONNX front end skips it: fastmachinelearning/hls4ml#409)",
+    "HardSwish": "HardSwish",
+    "Gather": "Gather", "Slice": "Slice", "Split": "Split", "Shape": "Shape", "Expand": "Expand",
+    "ReduceMean": "ReduceMean over other axes than the spatial ones (a mean over H, W is a global pool and is taken)", "ReduceSum": "ReduceSum", "ReduceMax": "ReduceMax", "Pow": "Pow", "Sqrt": "Sqrt",
+    "Erf": "Erf", "LayerNormalization": "LayerNormalization (in its ONNX front end)", "Einsum": "Einsum",
+    "InstanceNormalization": "InstanceNormalization", "Where": "Where", "Cast": "Cast", "Exp": "Exp",
+    "LSTM": "an ONNX LSTM layer (its LSTM/GRU come from Keras and PyTorch models only)",
+    "GRU": "an ONNX GRU layer", "ConvTranspose": "ConvTranspose (in its ONNX front end)",
+}
+
+
+def _clean(name: str) -> str:
+    return re.sub(r"\W", "_", name).strip("_") or "layer"
+
+
+def to_torch(proto, source: str):
+    """The float ONNX graph as a torch.fx GraphModule (onnx2torch), after ``prepare``."""
+    from edgekit.onnx_bridge import to_torch as bridge
+
+    g = proto.graph
+    if len(g.input) != 1 or len(g.output) != 1:
+        raise UnsupportedOpError("the FPGA target takes models with one input and one output (hls4ml's ONNX front "
+                                 f"end); this one has {len(g.input)} inputs and {len(g.output)} outputs")
+    prepare(proto)
+    return bridge(proto, source)
+
+
+def prepare(proto) -> None:
+    """ONNX rewrites before the bridge: a ReduceMean over the spatial axes (PyTorch's ``x.mean((2, 3))``, Keras'
+    GlobalAveragePooling) is a GlobalAveragePool (+ Flatten where the axes are not kept)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    inferred = onnx.shape_inference.infer_shapes(proto)
+    rank = {v.name: len(v.type.tensor_type.shape.dim) for v in list(inferred.graph.value_info)
+            + list(inferred.graph.input) + list(inferred.graph.output) if v.type.tensor_type.HasField("shape")}
+    inits = {i.name: numpy_helper.to_array(i) for i in proto.graph.initializer}
+    consts = {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in proto.graph.node
+              if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value"}
+    nodes = []
+    for n in proto.graph.node:
+        r = rank.get(n.input[0]) if n.input else None
+        if n.op_type != "ReduceMean" or r not in (3, 4):
+            nodes.append(n)
+            continue
+        a = {x.name: helper.get_attribute_value(x) for x in n.attribute}
+        axes = a.get("axes")
+        if axes is None and len(n.input) > 1:
+            axes = (inits.get(n.input[1]) if n.input[1] in inits else consts.get(n.input[1]))
+        if axes is None or sorted(int(x) % r for x in np.asarray(axes).reshape(-1)) != list(range(2, r)):
+            nodes.append(n)  # not a global pool: refused later by name
+            continue
+        if a.get("keepdims", 1):
+            nodes.append(helper.make_node("GlobalAveragePool", [n.input[0]], list(n.output), name=n.name))
+        else:
+            mid = n.output[0] + "_pooled"
+            nodes.append(helper.make_node("GlobalAveragePool", [n.input[0]], [mid], name=n.name))
+            nodes.append(helper.make_node("Flatten", [mid], list(n.output), name=n.name + "_flatten", axis=1))
+    del proto.graph.node[:]
+    proto.graph.node.extend(nodes)
+
+
+def standardize(gm, proto, example: np.ndarray):
+    """``gm`` (onnx2torch) rewritten into torch modules and functions brevitas' graph quantizer maps; the layer
+    list (name, kind) for the manifest. Refuses an op hls4ml cannot build, naming it."""
+    torch = require("torch")
+    from torch import fx, nn
+    from torch.fx.passes.shape_prop import ShapeProp
+
+    ShapeProp(gm).propagate(torch.from_numpy(np.ascontiguousarray(example[:1], dtype=np.float32)))
+    shapes = {n.name: list(n.meta["tensor_meta"].shape) for n in gm.graph.nodes
+              if "tensor_meta" in n.meta and hasattr(n.meta["tensor_meta"], "shape")}
+    op_of = {n.name.lstrip("/"): n.op_type for n in proto.graph.node}
+    op_of.update({_clean(n.name): n.op_type for n in proto.graph.node})
+
+    root = nn.Module()
+    graph = fx.Graph()
+    env: dict[str, Any] = {}
+    consts: dict[str, np.ndarray] = {}
+    layers: list[dict[str, str]] = []
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    last_data = out_node.args[0]
+    last_data = last_data[0] if isinstance(last_data, (tuple, list)) else last_data
+
+    def add(name: str, mod, args, kind: str):
+        name = _clean(name)
+        while hasattr(root, name):
+            name += "_"
+        setattr(root, name, mod)
+        layers.append({"name": name, "kind": kind})
+        return graph.call_module(name, tuple(args))
+
+    def affine(name: str, data, const: np.ndarray, mode: str, shape: list[int]):
+        """x (op) const for a scalar or per-channel const: a BatchNorm in eval form (merged into the conv before it
+        by brevitas, or a depthwise 1x1 conv where no conv precedes)."""
+        c = np.asarray(const, np.float32)
+        chans = shape[1] if len(shape) > 1 else 1
+        flat = np.full(chans, float(c.reshape(-1)[0]), np.float32) if c.size == 1 else c.reshape(-1)
+        ok = len(shape) in (2, 3, 4) and flat.size == chans
+        if ok and c.size > 1:
+            ref = flat.reshape([1, chans] + [1] * (len(shape) - 2))
+            try:
+                ok = np.array_equal(np.broadcast_to(c, shape), np.broadcast_to(ref, shape))
+            except ValueError:
+                ok = False
+        if not ok:
+            raise UnsupportedOpError(
+                f"{op_of.get(name, name)} {name}: a {mode} by a constant of shape {list(c.shape)} on a tensor of "
+                f"shape {shape}; the fabric takes scalars and per-channel constants (folded into the layer before)")
+        bn = (nn.BatchNorm1d if len(shape) in (2, 3) else nn.BatchNorm2d)(chans, eps=0.0)
+        bn.eval()
+        bn.edgekit_rank = len(shape)
+        with torch.no_grad():
+            bn.running_mean.zero_()
+            bn.running_var.fill_(1.0)
+            w, b = np.ones(chans, np.float32), np.zeros(chans, np.float32)
+            if mode == "Mul":
+                w = flat
+            elif mode == "Div":
+                w = 1.0 / flat
+            elif mode == "Add":
+                b = flat
+            else:  # Sub
+                b = -flat
+            bn.weight.copy_(torch.from_numpy(w))
+            bn.bias.copy_(torch.from_numpy(b))
+        return add(name, bn, [data], f"{mode} by a constant (folded)")
+
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            env[node.name] = graph.placeholder("x")
+            continue
+        if node.op == "get_attr":
+            obj = gm
+            for part in node.target.split("."):
+                obj = getattr(obj, part)
+            consts[node.name] = obj.detach().cpu().numpy() if hasattr(obj, "detach") else np.asarray(obj)
+            continue
+        if node.op == "output":
+            graph.output(fx.map_arg(node.args[0], lambda a: env[a.name]))
+            continue
+        if node.op != "call_module":
+            raise UnsupportedOpError(f"node {node.name} ({node.op} {node.target}) cannot be read for the fabric")
+        mod = gm.get_submodule(node.target)
+        cls = type(mod).__name__
+        onnx_op = op_of.get(str(node.target), op_of.get(_clean(str(node.target)), cls))
+        data = [a for a in node.args if isinstance(a, fx.Node) and a.name not in consts]
+        cargs = [consts[a.name] for a in node.args if isinstance(a, fx.Node) and a.name in consts]
+        ins = [env[a.name] for a in data]
+        in_shape = shapes.get(data[0].name, []) if data else []
+        if cls in ("OnnxCopyIdentity", "Identity", "Dropout", "OnnxDropoutDynamic"):
+            env[node.name] = ins[0]
+        elif cls in ("StaticReshape", "OnnxReshape", "OnnxFlatten", "Flatten"):
+            out = shapes.get(node.name)
+            if out is None or not in_shape or out[0] != in_shape[0]:
+                raise UnsupportedOpError(f"{onnx_op} {node.target}: a reshape that moves the batch axis ({in_shape} "
+                                         f"-> {out}); the fabric takes reshapes of one sample")
+            m = nn.Flatten(1) if len(out) == 2 else nn.Unflatten(1, tuple(out[1:]))
+            if len(out) > 2:  # [N, ...] -> [N, flat] -> [N, *out]: one sample reshaped, any batch
+                env[node.name] = add(str(node.target) + "_flat", nn.Flatten(1), ins, "flatten")
+                ins = [env[node.name]]
+            env[node.name] = add(str(node.target), m, ins, "flatten" if len(out) == 2 else "reshape")
+        elif cls in KEEP:
+            if cls in ("Conv1d", "Conv2d") and mod.padding_mode != "zeros":
+                raise UnsupportedOpError(f"Conv {node.target}: padding mode {mod.padding_mode!r}; hls4ml pads "
+                                         "with zeros only")
+            kind = {"Conv1d": "conv", "Conv2d": "conv", "Linear": "linear"}.get(cls, cls.lower())
+            if kind == "conv" and mod.groups > 1:
+                kind = "depthwise conv" if mod.groups == mod.in_channels == mod.out_channels else "grouped conv"
+                if kind == "grouped conv":
+                    raise UnsupportedOpError(f"Conv {node.target}: groups={mod.groups} with {mod.in_channels} "
+                                             "input channels; hls4ml has depthwise (groups = channels) and "
+                                             "ordinary convolutions, no grouped ones")
+            if kind.startswith("batchnorm"):
+                mod.edgekit_rank = len(in_shape)
+            env[node.name] = add(str(node.target), mod, ins, kind)
+        elif cls == "OnnxClip":
+            lo, hi = mod.min_val, mod.max_val
+            if lo is None or hi is None or float(lo) > 0.0:
+                raise UnsupportedOpError(f"Clip {node.target} to [{lo}, {hi}]: the fabric takes Clip as a bounded "
+                                         "ReLU (min 0) or a Hardtanh (min < 0 < max)")
+            m = nn.ReLU6() if (float(lo), float(hi)) == (0.0, 6.0) else nn.Hardtanh(float(lo), float(hi))
+            env[node.name] = add(str(node.target), m, ins, "clip")
+        elif cls == "OnnxBinaryMathOperation":
+            fn = {torch.add: "Add", torch.sub: "Sub", torch.mul: "Mul", torch.div: "Div"}.get(mod.math_op_function)
+            if fn is None:
+                raise UnsupportedOpError(f"{onnx_op} {node.target}: hls4ml has no such element-wise op")
+            if len(data) == 2:
+                if fn == "Div":
+                    raise UnsupportedOpError(f"Div {node.target} of two tensors: hls4ml's Divide merge is not "
+                                             "bit-exact (a fixed-point reciprocal)")
+                env[node.name] = graph.call_function({"Add": operator.add, "Sub": operator.sub,
+                                                      "Mul": operator.mul}[fn], tuple(ins))
+                layers.append({"name": node.name, "kind": f"{fn.lower()} (two tensors)"})
+            else:
+                env[node.name] = affine(str(node.target), ins[0], cargs[0], fn, in_shape)
+        elif cls == "OnnxConcat":
+            env[node.name] = graph.call_function(torch.cat, (tuple(ins),), {"dim": int(mod.axis)})
+            layers.append({"name": node.name, "kind": "concat"})
+        elif cls in ("AvgPool1d", "AvgPool2d") or cls.startswith("OnnxGlobalAveragePool"):
+            nd = len(in_shape) - 2
+            if nd not in (1, 2):
+                raise UnsupportedOpError(f"{onnx_op} {node.target} on a {len(in_shape)}-D tensor: the fabric pools "
+                                         "1-D and 2-D feature maps")
+            chans = in_shape[1]
+            if cls.startswith("OnnxGlobal"):
+                k, s, p = tuple(in_shape[2:]), 1, 0
+            else:
+                k = tuple(np.broadcast_to(mod.kernel_size, (nd,)).tolist())
+                s = tuple(np.broadcast_to(mod.stride, (nd,)).tolist())
+                p = tuple(np.broadcast_to(mod.padding, (nd,)).tolist())
+                if any(p) and not mod.count_include_pad or mod.ceil_mode:
+                    raise UnsupportedOpError(f"AveragePool {node.target}: padding without count_include_pad, or "
+                                             "ceil_mode; hls4ml's pooling averages over whole windows")
+            conv = (nn.Conv1d if nd == 1 else nn.Conv2d)(chans, chans, k, stride=s, padding=p, groups=chans,
+                                                        bias=False)
+            with torch.no_grad():
+                conv.weight.fill_(1.0 / float(np.prod(k)))
+            env[node.name] = add(str(node.target), conv, ins, "average pool (depthwise conv, weights 1/k)")
+        elif cls in TABLE_OPS or onnx_op in ("Sigmoid", "Softmax", "Tanh"):
+            kind = TABLE_OPS.get(cls, onnx_op.lower())
+            if node is not last_data:
+                raise UnsupportedOpError(
+                    f"{onnx_op} {node.target} inside the network: hls4ml computes {onnx_op} from a lookup table, "
+                    "which cannot be bit-exact against the exact function; the fabric takes it only as the output "
+                    "layer (after the logits)")
+            if kind == "softmax" and getattr(mod, "axis", getattr(mod, "dim", -1)) not in (-1, 1, None):
+                raise UnsupportedOpError(f"Softmax {node.target}: axis {mod.axis}; hls4ml's softmax runs over the "
+                                         "features of a [batch, features] tensor")
+            if kind == "tanh":
+                raise UnsupportedOpError(f"Tanh {node.target} at the output: hls4ml has a tanh table, but edgekit's "
+                                         "check of its resolution covers sigmoid and softmax only; end the model "
+                                         "with its logits")
+            table = nn.Sigmoid() if kind == "sigmoid" else nn.Softmax(dim=-1)  # TableActivation after quantizing
+            env[node.name] = add(str(node.target), table, ins, kind)
+        else:
+            what = HLS4ML_LACKS.get(onnx_op)
+            if what:
+                raise UnsupportedOpError(f"{onnx_op} {node.target}: hls4ml has no {what}; the FPGA target cannot "
+                                         "build it (run it on the host before the fabric, or replace it)")
+            raise UnsupportedOpError(
+                f"{onnx_op} {node.target}: not mapped onto the fabric by edgekit (the quantized graph would not pass "
+                "hls4ml's QONNX front end); replace it, or convert for another target")
+    gm2 = fx.GraphModule(root, graph)
+    gm2.graph.lint()
+    return gm2, layers
+
+
+def _maps(bits: int):
+    """brevitas FlexML maps (power-of-two) at ``bits`` for weights and activations; sigmoid left to the tables."""
+    from brevitas.graph.target import flexml
+    from torch import nn
+
+    def at(entry):
+        cls, kw = entry
+        kw = dict(kw)
+        for k in list(kw):
+            if k == "weight_quant":
+                kw["weight_bit_width"] = bits
+            if k == "act_quant":
+                kw["bit_width"] = bits
+        return cls, kw
+
+    compute = {k: (at(v) if v is not None else None) for k, v in flexml.FLEXML_COMPUTE_LAYER_MAP.items()
+               if k not in (nn.AvgPool2d, nn.MultiheadAttention, nn.BatchNorm1d, nn.BatchNorm2d)}
+    acts = {k: at(v) for k, v in flexml.FLEXML_QUANT_ACT_MAP.items() if k in (nn.ReLU, nn.ReLU6, nn.Hardtanh)}
+    ident = {k: at(v) for k, v in flexml.FLEXML_QUANT_IDENTITY_MAP.items()}
+    return compute, acts, ident
+
+
+def quantize(gm, bits: int, signed_input: bool):
+    """brevitas graph-mode quantization of the standardized graph: BatchNorm merged, power-of-two scales, shared
+    quantizers on the inputs of adds and concats; the input quantizer 8-bit, unsigned for non-negative data."""
+    qnn = require("brevitas.nn", "fpga")
+    from brevitas.graph.quantize import preprocess_for_quantize
+    from brevitas.graph.quantize import quantize as bquantize
+    from brevitas.quant import Int8ActPerTensorFixedPoint, Uint8ActPerTensorFixedPoint
+
+    from torch import nn
+
+    from edgekit.converters.fpga.quant import TableActivation
+
+    # traced again by brevitas' tracer: its residual handler does not converge on the graph as built by hand
+    gm = preprocess_for_quantize(gm, trace_model=True, relu6_to_relu=False)
+    _bn_to_depthwise(gm)
+    compute, acts, ident = _maps(bits)
+    qm = bquantize(gm, quant_identity_map=ident, compute_layer_map=compute, quant_act_map=acts)
+    first = next(n for n in qm.graph.nodes if n.op == "call_module")
+    if not isinstance(qm.get_submodule(first.target), qnn.QuantIdentity):
+        raise UnsupportedOpError("brevitas put no quantizer on the model's input; the fabric needs one")
+    setattr(qm, first.target, qnn.QuantIdentity(
+        act_quant=Int8ActPerTensorFixedPoint if signed_input else Uint8ActPerTensorFixedPoint, bit_width=8,
+        return_quant_tensor=True))
+    for node in qm.graph.nodes:  # the output's sigmoid / softmax: float in QONNX, hls4ml's lookup table
+        if node.op == "call_module" and isinstance(qm.get_submodule(node.target), (nn.Sigmoid, nn.Softmax)):
+            kind = "sigmoid" if isinstance(qm.get_submodule(node.target), nn.Sigmoid) else "softmax"
+            parent, _, name = node.target.rpartition(".")
+            setattr(qm.get_submodule(parent) if parent else qm, name, TableActivation(kind))
+    qm.recompile()
+    return qm.eval()
+
+
+def _bn_to_depthwise(gm) -> None:
+    """A BatchNorm left after merging (it follows no conv) as a depthwise 1x1 conv (2-D input: a diagonal linear)
+    with the same scale and shift."""
+    torch = require("torch")
+    from torch import nn
+
+    for node in list(gm.graph.nodes):
+        if node.op != "call_module":
+            continue
+        bn = gm.get_submodule(node.target)
+        if not isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d)):
+            continue
+        scale = (bn.weight / torch.sqrt(bn.running_var + bn.eps)).detach()
+        shift = (bn.bias - bn.running_mean * scale).detach()
+        c = scale.numel()
+        rank = getattr(bn, "edgekit_rank", 4 if isinstance(bn, nn.BatchNorm2d) else 3)
+        if isinstance(bn, nn.BatchNorm2d):
+            m = nn.Conv2d(c, c, 1, groups=c)
+        elif rank == 3:
+            m = nn.Conv1d(c, c, 1, groups=c)
+        else:
+            m = nn.Linear(c, c)
+        with torch.no_grad():
+            if isinstance(m, nn.Linear):
+                m.weight.copy_(torch.diag(scale))
+            else:
+                m.weight.copy_(scale.reshape(c, 1, *([1] * (m.weight.ndim - 2))))
+            m.bias.copy_(shift)
+        parent, _, name = node.target.rpartition(".")
+        setattr(gm.get_submodule(parent) if parent else gm, name, m)
+    gm.recompile()
+
+
+def qonnx_costs(mw, bits: int) -> list[Any]:
+    """Per compute layer of the QONNX graph (Conv, MatMul): its weights and outputs, for the resource estimate."""
+    from edgekit.converters.fpga.resources import FabricLayer
+
+    producers = {o: n for n in mw.graph.node for o in n.output}
+    out = []
+    for n in mw.graph.node:
+        if n.op_type not in ("Conv", "MatMul"):
+            continue
+        w = mw.get_initializer(n.input[1])
+        wbits = bits
+        q = producers.get(n.input[1])
+        if w is None and q is not None and q.op_type == "Quant":
+            w = mw.get_initializer(q.input[0])
+            b = mw.get_initializer(q.input[3])
+            wbits = int(np.asarray(b).reshape(-1)[0]) if b is not None else bits
+        if w is None:
+            continue
+        w = np.asarray(w)
+        outs = int(w.shape[0] if n.op_type == "Conv" else w.shape[-1])
+        a_bits = 8 if not out else bits
+        out.append(FabricLayer(n.name, int(w.size), wbits, a_bits, outs))
+    return out
