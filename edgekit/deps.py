@@ -17,6 +17,7 @@ KNOWN = {
     "onnxscript": ("onnxscript", "jetson"),
     "tensorflow": ("tensorflow-cpu", "keras"),  # only for Keras / SavedModel input
     "keras": ("keras", "keras"),
+    "tf_keras": ("tf-keras", "keras"),  # Keras 2 (tf.keras) .h5 / SavedModel input
     "tf2onnx": ("tf2onnx", "keras"),  # Keras / SavedModel -> ONNX for jetson, ios, fpga
 }
 

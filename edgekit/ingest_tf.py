@@ -1,5 +1,5 @@
 """TensorFlow models in: Keras (``.keras``, ``.h5``) and SavedModel folders, read with TensorFlow
-(``edgekit[keras]``), traced at their fixed input shapes into one ConcreteFunction (the float reference and what
+(``edgekit[keras]``; Keras 2 files with tf-keras, :mod:`edgekit.keras2`), traced at their fixed input shapes into one ConcreteFunction (the float reference and what
 TFLiteConverter converts)."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from edgekit.deps import require
 from edgekit.errors import InputSpecError, ModelLoadError
 from edgekit.fsutil import sha256_file
 from edgekit.input_spec import does_not_run, tf_inputs
+from edgekit.keras2 import is_keras2_saved_model, keras2_saved_model_error, load_keras2_h5, read_h5
 from edgekit.model import Model, TensorSpec
 from edgekit.quiet import first_line
 from edgekit.tf_graph import TF_EXTRA, import_tensorflow, tf_arg_name
@@ -25,9 +26,20 @@ def load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
             f"{path}: not a Keras archive (a .keras file is a zip; this one is truncated or another format); "
             "re-save it with model.save('model.keras')"
         )
+    legacy = None
+    if path.suffix.lower() in (".h5", ".hdf5"):  # its root attributes, read before TensorFlow is imported
+        info = read_h5(path)
+        if info is not None and info.lambda_layers and not trust_pickle:
+            raise ModelLoadError(
+                f"{path}: the model holds Lambda layer(s) {', '.join(info.lambda_layers[:3])} (Python code that "
+                "loading would run); pass --trust-pickle if you trust its source, or replace the Lambda with a "
+                "built-in layer")
+        legacy = info if info is not None and info.keras2 else None
     import_tensorflow()
-    keras = require("keras", TF_EXTRA)
     digest = sha256_file(path)
+    if legacy is not None:  # written by Keras 2 (tf.keras): read with tf-keras (edgekit.keras2)
+        return _finish_keras(path, load_keras2_h5(path, legacy), digest, shapes)
+    keras = require("keras", TF_EXTRA)
     try:
         # safe_mode: a Lambda layer's Python bytecode is not deserialized (Keras refuses it) unless trusted
         km = keras.models.load_model(str(path), compile=False, safe_mode=not trust_pickle)
@@ -41,6 +53,11 @@ def load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
             f"{path}: Keras cannot load the model ({type(exc).__name__}: {first_line(exc)}); "
             "is the file complete? re-save it with model.save('model.keras')"
         ) from None
+    return _finish_keras(path, km, digest, shapes)
+
+
+def _finish_keras(path: Path, km: Any, digest: str, shapes) -> Model:
+    """The input spec of a loaded Keras model (Keras 3, or Keras 2 read by tf-keras) and its traced reference."""
     try:
         graph_inputs = list(km.inputs or [])
     except (AttributeError, ValueError):
@@ -51,7 +68,7 @@ def load_keras(path: Path, shapes, trust_pickle: bool = False) -> Model:
             "give --input-shape (NHWC, e.g. 1,224,224,3)"
         )
     if graph_inputs:
-        found = [(_clean_name(getattr(t, "name", None), i), tuple(t.shape), str(getattr(t, "dtype", "float32")))
+        found = [(_clean_name(getattr(t, "name", None), i), tuple(t.shape), _dtype_name(getattr(t, "dtype", "float32")))
                  for i, t in enumerate(graph_inputs)]
     else:
         found = [(name or f"input_{i}", tuple(None for _ in shape), "float32") for i, (name, shape) in enumerate(shapes)]
@@ -87,16 +104,9 @@ def load_saved_model(path: Path, shapes, trust_pickle: bool = False) -> Model:
         loaded = tf.saved_model.load(str(path))
     except Exception as exc:
         why = first_line(exc)
-        if "add_slot" in why or "_UserObject" in why:  # a Keras 2 (tf.keras) model saved with its optimizer
-            import os
-
-            legacy = os.environ.get("TF_USE_LEGACY_KERAS") == "1"
-            raise ModelLoadError(
-                f"{path}: this SavedModel was written by Keras 2 (tf.keras), which Keras 3 cannot read back "
-                f"({type(exc).__name__}: {why[:120]}); " + (
-                    "TF_USE_LEGACY_KERAS=1 is set: pip install tf-keras matching your TensorFlow" if legacy else
-                    "pip install tf-keras matching your TensorFlow and run with TF_USE_LEGACY_KERAS=1")
-            ) from None
+        if is_keras2_saved_model(path) or "add_slot" in why or "_UserObject" in why:
+            # written by tf.keras: TensorFlow's loader imports tf-keras itself for a saved Keras 2 optimizer
+            raise keras2_saved_model_error(path, exc) from None
         raise ModelLoadError(
             f"{path}: TensorFlow cannot load the SavedModel ({type(exc).__name__}: {why}); "
             "is the folder complete? re-export it (model.export(folder) or tf.saved_model.save)"
@@ -142,6 +152,11 @@ def _finish_tf(model: Model, call: Callable[..., Any], out_names: list[str] | No
         ["output"] if len(outs) == 1 else [f"output_{i}" for i in range(len(outs))])
     model.outputs = [TensorSpec(n, tuple(o.shape), str(o.dtype)) for n, o in zip(names, outs, strict=True)]
     return model
+
+
+def _dtype_name(dtype: Any) -> str:
+    """"float32" from Keras 3 (a string) and from tf-keras (a tf.DType)."""
+    return str(getattr(dtype, "name", dtype))
 
 
 def _clean_name(name: str | None, i: int) -> str:

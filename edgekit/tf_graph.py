@@ -4,6 +4,7 @@ converter writes every precision with it; so it lives here, beside ``onnx_graph.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import re
 from pathlib import Path
@@ -26,7 +27,11 @@ def import_tensorflow() -> Any:
     if sys.modules.get("tensorflow") is not None:
         return sys.modules["tensorflow"]
     with capture_fd2(replay_on_error=True):  # absl prints oneDNN / InitializeLog lines at import, whatever
-        return require("tensorflow", TF_EXTRA)  # TF_CPP_MIN_LOG_LEVEL says
+        tf = require("tensorflow", TF_EXTRA)  # TF_CPP_MIN_LOG_LEVEL says
+        # the devices are found here, not at the first op: the tensorflow wheel (GPU-capable, which tf-keras
+        # installs) says "failed call to cuInit" at ERROR level on a machine without a GPU driver
+        tf.config.list_physical_devices()
+        return tf
 
 
 def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_dir: Path | None = None,
@@ -111,17 +116,19 @@ def tf_arg_name(name: str, i: int) -> str:
 def tf_converter(tf: Any, model: Any, work_dir: Path):
     """(TFLiteConverter, feed -> representative sample) for the model at its fixed input shapes.
 
-    Keras: ``keras.export.ExportArchive`` writes a SavedModel with one endpoint at the fixed
+    Keras: ``keras.export.ExportArchive`` (tf-keras's for a Keras 2 file) writes a SavedModel with one endpoint at the fixed
     shapes (converting the Keras model's traced function directly leaves its variables as
     READ_VARIABLE ops instead of constants). SavedModel: its ``serving_default`` signature traced
     at the fixed shapes (``Model.tf_function``), the loaded object as the trackable.
     """
     names = [s.name for s in model.inputs]
     if model.kind == "keras":
-        keras = require("keras", "keras")
+        km = model.tf_model
+        # a Keras 2 file is read by tf-keras (edgekit.keras2): its model is written out by tf-keras's ExportArchive
+        keras2 = type(km).__module__.split(".")[0] == "tf_keras"
+        keras = require("tf_keras", "keras") if keras2 else require("keras", "keras")
         export = work_dir / "keras_export"
         if not (export / "saved_model.pb").is_file():
-            km = model.tf_model
             sig = [tf.TensorSpec(s.shape, s.dtype, name=tf_arg_name(s.name, i)) for i, s in enumerate(model.inputs)]
             archive = keras.export.ExportArchive()
             archive.track(km)
@@ -131,7 +138,11 @@ def tf_converter(tf: Any, model: Any, work_dir: Path):
 
             archive.add_endpoint("serve", serve, input_signature=sig)
             with quiet_python():
-                archive.write_out(str(export), verbose=False)
+                if keras2:  # tf-keras's write_out prints the endpoints and takes no verbose
+                    with contextlib.redirect_stdout(io.StringIO()):
+                        archive.write_out(str(export))
+                else:
+                    archive.write_out(str(export), verbose=False)
         conv = tf.lite.TFLiteConverter.from_saved_model(str(export), signature_keys=["serve"])
     else:
         conv = tf.lite.TFLiteConverter.from_concrete_functions([model.tf_function], model.tf_model)

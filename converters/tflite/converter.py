@@ -17,6 +17,7 @@ from edgekit.converters.tflite.interpreter import against_float, builtin_refusal
 from edgekit.converters.tflite.options import EXTRA, lstm_float, wide_activations
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
+from edgekit.keras2 import read_by_tf_keras
 from edgekit.mixed.search import Search, keep_layers
 from edgekit.speed import Speed
 from edgekit.tf_graph import tf_convert
@@ -54,9 +55,9 @@ class TFLiteConverter:
                 )
             # "source": the .tflite takes the model's own tensors as they are (runners transpose nothing)
             layout = "source"
+            tools = ("tensorflow-cpu", "tensorflow", "keras", *(("tf-keras",) if read_by_tf_keras(m) else ()))
             meta: dict[str, Any] = {"layout": layout, "source_layout": m.inputs[0].layout or "as the model",
-                                    "converter": "TensorFlow TFLiteConverter",
-                                    "toolchain": toolchain_versions("tensorflow-cpu", "tensorflow", "keras")}
+                                    "converter": "TensorFlow TFLiteConverter", "toolchain": toolchain_versions(*tools)}
         else:
             layout = str(job.options.get("layout") or "nchw").lower()
             if layout not in ("nchw", "nhwc"):
