@@ -128,7 +128,7 @@ class Manifest(_Record):
     toolchain: dict[str, Any]
     budgets: BudgetsRecord
     golden: Golden
-    tolerance: dict[str, float | None]
+    tolerance: dict[str, bool | float | None]  # bool: max_error_decides
     analysis: dict[str, Any]
     verification: dict[str, Any]
     runner: RunnerSpec = Field(default_factory=RunnerSpec)

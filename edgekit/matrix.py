@@ -56,7 +56,7 @@ class Changes(_Strict):
 
     options: dict[str, Any] = Field(default_factory=dict, description="converter options (convert --option)")
     set: list[str] = Field(default_factory=list, description="board overrides key=value (convert --set)")
-    tolerance: dict[str, float] = Field(default_factory=dict, description="fields of the precision's tolerance")
+    tolerance: dict[str, bool | float] = Field(default_factory=dict, description="fields of the precision's tolerance")
 
 
 class ModelSpec(Changes):

@@ -192,6 +192,9 @@ def convert(
                                         planned.precision, checked.verification, reference)
             with clock.stage("speed"):
                 stages.speed(job, conv, artifact, checked, _warn)
+            for o in checked.verification.outputs:  # the build's worst samples that did not decide its verdict
+                for w in o.warnings:
+                    _warn(w)
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, prep.calib,

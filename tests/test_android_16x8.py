@@ -25,6 +25,11 @@ def _input_dtype(path) -> str:
     return np.dtype(Interpreter(model_path=str(path)).get_input_details()[0]["dtype"]).name
 
 
+# the outlier models' INT8 builds keep their top-1 agreement over the 90% bar and lose their logits' values (max
+# error past the 15% tolerance): these tests hold them to the values, which the 16x8 step exists to restore
+VALUES_MATTER = {"max_error_decides": True}
+
+
 @pytest.fixture(scope="module")
 def outlier(tmp_path_factory, digits):
     """A small CNN on the digits whose first convolution has one channel 3000x larger than its others, read back
@@ -60,8 +65,8 @@ def outlier(tmp_path_factory, digits):
 def outlier_and_fc(tmp_path_factory, digits):
     """The outlier CNN (which int8 activations cannot hold), its classifier given one more input, a feature that
     is always zero, with a weight 5000x the others in every row: per-channel int8 weights round every other
-    weight of it to zero, whatever the activations' bits. So int8 fails (its layer search too), 16x8 fails, and
-    16x8 with that one layer float holds."""
+    weight of it to zero, whatever the activations' bits. So int8 fails, and its layer search holds it only by
+    keeping most of its layers float."""
     torch = pytest.importorskip("torch")
 
     class OutlierFC(torch.nn.Module):
@@ -133,7 +138,7 @@ def test_where_int8_activations_cannot_hold_a_model_16_bits_do(outlier, digits, 
     fix a range by keeping layers float, so mixed precision's last step builds it with 16-bit activations, which
     passes; the record keeps the int8 search's verdict, the cost in latency and the report says both."""
     res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  eval_data=str(digits["eval"]), cache=False, allow_slower_int8=True)
+                  eval_data=str(digits["eval"]), cache=False, allow_slower_int8=True, tolerance=VALUES_MATTER)
     v, art = res.verification, res.manifest["artifact"]
     assert v.passed, v.failures
     mp = art["mixed_precision"]
@@ -154,7 +159,7 @@ def test_on_a_cpu_board_16x8_is_not_tried_unless_a_slower_build_is_accepted(outl
     slower than the fp32 build an INT8 build exists to beat: the fallback stops before building it, the int8
     build stays failed, and the record, the notes and the report say why and how to try it."""
     res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  cache=False, fail_on_verification=False)
+                  cache=False, fail_on_verification=False, tolerance=VALUES_MATTER)
     v, art = res.verification, res.manifest["artifact"]
     assert not v.passed
     a16 = art["mixed_precision"]["activations16"]
@@ -167,7 +172,8 @@ def test_a_16x8_build_that_fails_too_leaves_the_int8_build(outlier, digits, tmp_
     """Where 16 bits fail as well (a tolerance no quantized build meets), the int8 build stays: its file, its
     record, a failed verdict; the 16x8 attempt is recorded and said."""
     res = convert(str(outlier), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  cache=False, fail_on_verification=False, tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0},
+                  cache=False, fail_on_verification=False,
+                  tolerance={"max_rel_error": 1e-6, "abs_floor": 0.0, "max_error_decides": True},
                   allow_slower_int8=True)
     v, art = res.verification, res.manifest["artifact"]
     assert not v.passed
@@ -182,29 +188,24 @@ def test_a_16x8_build_that_fails_too_leaves_the_int8_build(outlier, digits, tmp_
     assert "so the int8 build above stands" in (res.out_dir / "report.md").read_text()
 
 
-def test_where_16x8_fails_too_its_layer_search_keeps_the_op_that_causes_it(outlier_and_fc, digits, tmp_path):
-    """int8 fails (the outlier channel), 16x8 fails (the fully connected layer's weights), so the 16x8 build's ops
-    are searched: the fully connected one is kept float, in the model on disk too, and re-verification passes;
-    the record, the notes and the report say so."""
+def test_an_int8_search_that_keeps_most_layers_and_passes_is_a_mixed_build_and_16x8_is_not_needed(
+        outlier_and_fc, digits, tmp_path):
+    """int8 fails (the outlier channel, the fully connected layer's weights: 1.6% agreement); its layer search
+    keeps 5 of the 6 quantized layers float and that build passes every check, so it passes as a mixed build: the
+    count does not fail it (it sent this model on to 16x8 before). A warning, the notes and the record say how many
+    layers stay at higher precision, and no 16x8 build is made."""
     res = convert(str(outlier_and_fc), "android", tmp_path / "o", precision="int8", calib=str(digits["calib"]),
-                  eval_data=str(digits["eval"]), cache=False, allow_slower_int8=True)
+                  eval_data=str(digits["eval"]), cache=False, allow_slower_int8=True, tolerance=VALUES_MATTER)
     v, art = res.verification, res.manifest["artifact"]
     assert v.passed, v.failures
-    a16 = art["mixed_precision"]["activations16"]
-    search = a16["layer_search"]
-    assert a16["passed"] and search["passed_after"] and search["snr_db_after"] > search["snr_db_before"]
-    kept = [k["name"] for k in search["kept"]]
-    assert kept and {k["op"] for k in search["kept"]} == {"FULLY_CONNECTED"}
-    assert art["quantization"]["keep_float_tensors"] == kept and art["quantization"]["activation_bits"] == 16
-    from edgekit.tflite_graph import TFLiteGraph
-
-    g = TFLiteGraph(res.out_dir / "model.tflite")
-    written = {g.tensor_name(o[2][0]): g.type_name(o[2][0]) for o in g.operators() if o[2]}
-    assert all(written[t] == "FLOAT32" for t in kept)  # kept float in the file, not only in the record
-    assert "op(s) of it kept float: re-verification passed" in res.notes[0]
-    report = (res.out_dir / "report.md").read_text()
-    assert "its ops were searched" in report and "sensitivity-16x8.png" in report
-    assert (res.out_dir / "sensitivity-16x8.png").is_file()
+    mp = art["mixed_precision"]
+    assert mp["passed_after"] and "activations16" not in mp and mp["kept_share"] > 0.5, mp
+    assert any("top-1 agrees with float on" in f for f in mp["int8_verification_failures"])
+    said = f"mixed build: {len(mp['kept'])} of {mp['layers']} quantized layers stay at higher precision"
+    assert mp["mostly_higher_precision"].startswith(said) and res.notes[1].startswith(said), res.notes
+    assert any(w.startswith(said) for w in res.manifest["warnings"])
+    assert "activation_bits" not in art["quantization"] and _input_dtype(res.out_dir / "model.tflite") != "int16"
+    assert said in (res.out_dir / "report.md").read_text()
 
 
 def test_keep_float_tensors_names_ops_of_the_16x8_model(digits, tmp_path):

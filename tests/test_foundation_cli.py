@@ -80,7 +80,8 @@ def test_convert_tolerance_flag_sets_the_bar(digits, tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert json.loads((tmp_path / "a" / "manifest.json").read_text())["tolerance"]["max_rel_error"] == 2e-4
     bad = _run("convert", str(digits["model"]), "--target", "android", "-p", "fp32", "--tolerance",
-               "max_rel_error=1e-12", "--tolerance", "abs_floor=1e-12", "-o", str(tmp_path / "b"), "--no-cache")
+               "max_rel_error=1e-12", "--tolerance", "abs_floor=1e-12", "--tolerance", "max_error_decides=true",
+               "-o", str(tmp_path / "b"), "--no-cache")
     assert bad.returncode != 0 and "max error" in bad.stdout + bad.stderr, (bad.stdout, bad.stderr)
 
 

@@ -221,6 +221,7 @@ def test_failed_verification_is_marked_and_raises(digits, tmp_path, monkeypatch)
     def strict(name):
         t = real(name)
         t.tolerances["fp16"].max_rel_error = 1e-9  # no fp16 build can meet this
+        t.tolerances["fp16"].max_error_decides = True  # ... and it decides (the top-1 agreement passes)
         return t
 
     monkeypatch.setattr("edgekit.request.load_target", strict)
@@ -229,6 +230,31 @@ def test_failed_verification_is_marked_and_raises(digits, tmp_path, monkeypatch)
     man = json.loads((tmp_path / "v" / "manifest.json").read_text())
     assert man["verification"]["passed"] is False
     assert "FAILED" in (tmp_path / "v" / "report.md").read_text()
+
+
+def test_a_worst_sample_over_the_bar_is_a_warning_where_agreement_passes(digits, tmp_path):
+    """The digits classifier at fp16 with a max_rel_error no fp16 build meets: its top-1 agreement (the class
+    output's task metric) passes, so the build passes and the CLI prints a warning naming the worst golden sample;
+    the table says the pass carries a warned max error, and the manifest and report record it."""
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+
+    res = CliRunner().invoke(app, ["convert", str(digits["model"]), "--target", "jetson", "-p", "fp16", "--calib",
+                                   str(digits["calib"]), "--tolerance", "max_rel_error=1e-9", "--tolerance",
+                                   "abs_floor=0", "-o", str(tmp_path / "w"), "--no-cache"])
+    assert res.exit_code == 0, res.output
+    out = " ".join(res.output.split())  # rich wraps long lines
+    assert "warning: output 'output': max error" in out and "golden sample" in out, res.output
+    assert "reported, not deciding: top-1 agreement 100.0% meets its bar" in out, res.output
+    assert "pass, max error warned" in out and "FAIL" not in out, res.output
+    man = json.loads((tmp_path / "w" / "manifest.json").read_text())
+    o = man["verification"]["outputs"][0]
+    assert man["verification"]["passed"] and o["passed"] and o["decided_by"] == ["top1_agreement"], o
+    assert o["warnings"] and o["warnings"][0] in man["warnings"] and o["max_rel_error"] > 1e-9
+    assert f"golden sample {o['worst_sample']}" in o["warnings"][0]
+    assert man["tolerance"]["max_error_decides"] is False
+    assert "pass (max error over its tolerance: warning" in (tmp_path / "w" / "report.md").read_text()
 
 
 def test_output_is_atomic_and_never_clobbers_foreign_folders(digits, tmp_path, monkeypatch):

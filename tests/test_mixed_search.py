@@ -286,3 +286,61 @@ def test_a_search_ranked_at_the_output_keeps_the_fewest_ranked_worst_together():
     out = keep_fewest(search(True), passes, log=logged.append)
     assert [k.name for k in out.kept] == ["a", "b"] and out.passed_search and out.in_rank_order, out
     assert any("ranked worst together pass" in m for m in logged), logged
+
+
+def test_a_build_that_keeps_most_layers_and_passes_is_a_mixed_build_not_a_failure(tmp_path):
+    """Issue 46: MTCNN's P-Net at jetson INT8 kept 3 of its 5 quantized layers float, agreed with float on every
+    held-out crop (37 dB), and was failed for the count ("more than 50% ... not an INT8 build"). The count no longer
+    decides: a build that passes every check set for it passes, and its notes, its record and a warning say how many
+    layers stay at higher precision. Only a build that keeps every layer is refused (nothing is left at INT8), and
+    one that keeps most and still fails is told to choose fp16. Stand-in builds (a noise model); the verdicts are
+    real ``Verification`` objects."""
+    from types import SimpleNamespace
+
+    from edgekit.mixed.fallback import fallback
+    from edgekit.mixed.search import Layer, Search
+    from edgekit.verify import Verification
+
+    def run(noise, golden_needs, golden_fails_anyway=False, extra_steps=4):
+        ref, outputs = _noise_model(3, noise, scale=3)  # the search samples pass once every noisy layer is kept
+
+        class StandInConverter:
+            def mixed_search(self, job, artifact):
+                return Search([Layer(k, "Conv", 20.0 + i) for i, k in enumerate(noise)], outputs, ref, "float")
+
+            def keep_layers(self, job, artifact, kept):
+                return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
+
+        def reverify(art):
+            ok = set(golden_needs) <= set(art.meta["kept"]) and not golden_fails_anyway
+            return SimpleNamespace(verification=Verification("stand-in", "int8", 16, "golden", [],
+                                                             failures=[] if ok else ["golden fails"]))
+
+        job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
+                              out_dir=tmp_path, options={}, search_budget_s=90.0)
+        tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
+        first = SimpleNamespace(verification=Verification("stand-in", "int8", 16, "golden", [],
+                                                          failures=["int8 fails"]))
+        warned: list[str] = []
+        art, chk = fallback(job, StandInConverter(), SimpleNamespace(meta={}, notes=[], files=[]), first,
+                            {"y": "regression"}, tol, reverify, log=lambda m: None, warn=warned.append,
+                            offers=frozenset({"layers"}), extra_steps=extra_steps)
+        return art, chk.verification, warned
+
+    # 2 of 3 layers kept (67%, more than half) and every check passes: it passes, said to be a mixed build
+    art, v, warned = run({"a": 0.5, "b": 0.5, "c": 0.0}, {"a", "b"})
+    rec = art.meta["mixed_precision"]
+    assert v.passed and not v.failures, v.failures
+    assert sorted(k["name"] for k in rec["kept"]) == ["a", "b"] and rec["kept_share"] == 0.667 and rec["passed_after"]
+    said = "mixed build: 2 of 3 quantized layers stay at higher precision (float) and 1 run at INT8"
+    assert rec["mostly_higher_precision"].startswith(said) and any(w.startswith(said) for w in warned), warned
+    assert art.notes[0].endswith("re-verification passed") and art.notes[1].startswith(said), art.notes
+    # every layer kept: passing checks or not, nothing runs at INT8: refused
+    art, v, _ = run({"a": 0.5, "b": 0.5, "c": 0.5}, {"a", "b", "c"})
+    assert not v.passed and "keep all 3 quantized layers" in v.failures[0] and "not an INT8 build" in v.failures[0]
+    assert "passed, but no layer is left at INT8" in art.notes[0] and not art.meta["mixed_precision"]["passed_after"]
+    # most layers kept and the build still fails (no more layers tried): the way out first, then the check it misses
+    art, v, _ = run({"a": 0.5, "b": 0.5, "c": 0.0}, {"a", "b"}, golden_fails_anyway=True, extra_steps=0)
+    assert not v.passed and "2 of 3 quantized layers" in v.failures[0] and "still fails" in v.failures[0]
+    assert "--precision fp16" in v.failures[0] and v.failures[1] == "golden fails"
+    assert "mostly_higher_precision" not in art.meta["mixed_precision"]

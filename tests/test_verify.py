@@ -284,7 +284,8 @@ def test_ctc_output_is_judged_by_the_text_it_decodes_to():
     got[:, 0, 0], got[:, 0, 5] = 0.5, 0.42  # a blank step nearly flips: 0.4 of the range, same decision
     r = smoke.check_output("probs", "ctc", ref, got, tol)
     assert r["passed"] and r["text_agreement"] == 1.0 and r["cer"] == 0.0, r["failures"]
-    assert not smoke.check_output("probs", "class", ref, got, tol)["passed"]  # the per-position judgement failed it
+    # judged per position with max error deciding, it failed (a class output's agreement holds: a warning only)
+    assert not smoke.check_output("probs", "class", ref, got, {**tol, "max_error_decides": True})["passed"]
     wrong = ref.copy()
     wrong[:4, 4, 2], wrong[:4, 4, 4] = 0.02, 0.9  # 4 of 20 lines read another second character
     r = smoke.check_output("probs", "ctc", ref, wrong, tol)
@@ -449,3 +450,101 @@ def test_an_agreement_bar_the_golden_samples_cannot_show_is_warned(digits, tmp_p
     assert len(w) == 1 and "shows only 94.3%" in w[0] and "--golden 381" in w[0], w
     assert warned({"min_top1_agreement": 0.99}, 400, "b") == []
     assert warned({"min_top1_agreement": 0.9}, 64, "c") == []
+
+
+def _verify_arrays(ref_out, got_out, tol, kind, eval_ref=None, eval_got=None):
+    """edgekit.verify.verify on fixed arrays: the 'float model' and the 'artifact' answer each golden (and eval)
+    sample with its row of ``ref_out`` / ``got_out`` (``eval_*``: the eval samples' rows), the sample's index
+    being its input."""
+    from types import SimpleNamespace as NS
+
+    import numpy as np
+
+    from edgekit.data import Dataset
+    from edgekit.verify import verify
+
+    n = len(ref_out)
+    golden = Dataset("golden", {"x": np.arange(n, dtype=np.float32).reshape(n, 1)}, None)
+    model = NS(inputs=[NS(name="x", shape=[1, 1])], outputs=[NS(name="y")])
+    rows = {"ref": ref_out, "got": got_out}
+    if eval_ref is not None:  # the eval samples' inputs are their indices offset by n
+        rows = {"ref": np.concatenate([ref_out, eval_ref]), "got": np.concatenate([got_out, eval_got])}
+        ev = Dataset("eval", {"x": np.arange(n, n + len(eval_ref), dtype=np.float32).reshape(-1, 1)}, None)
+    else:
+        ev = None
+
+    def runner(which):
+        return lambda f: [rows[which][f["x"][:, 0].astype(int)]]
+
+    v, _, _ = verify(model, runner("ref"), runner("got"), golden, n, tol, "arrays", "int8", eval_data=ev,
+                     kinds={"y": kind})
+    return v
+
+
+def test_a_classifier_whose_agreement_passes_is_not_failed_by_one_worst_sample():
+    """Issue 46: MTCNN's P-Net at android INT8 agreed with float on every held-out crop (37.7 dB) and was failed by
+    one sample's max error (20% of the range, tolerance 15%). Where the output's task metric is set and passes (here
+    top-1 agreement on a class output, on the golden and the eval samples), the worst sample is a warning naming
+    the sample and its error, and the build passes; the tolerance's max_error_decides makes it decide again, and
+    where agreement fails on the eval samples the worst sample decides too."""
+    import numpy as np
+
+    from edgekit.profiles import load_target
+
+    tol = load_target("android").tolerances["int8"]  # max_rel_error 0.15, min_top1_agreement 0.9
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(32, 10))
+    ref[np.arange(32), rng.integers(0, 10, 32)] += 6.0  # a clear winner per sample
+    got = ref + rng.normal(scale=0.01, size=ref.shape)
+    scale = np.abs(ref).max()
+    loser = int(np.argmin(ref[17]))
+    got[17, loser] += 0.2 * scale  # one sample's losing class moves by 20% of the range: its decision holds
+    v = _verify_arrays(ref, got, tol, "class")
+    o = v.outputs[0]
+    assert v.passed and o.passed and not v.failures, v.failures
+    assert o.max_rel_error > 0.15 and o.top1_agreement == 1.0 and o.worst_sample == 17
+    assert o.decided_by == ["top1_agreement"], o.decided_by
+    (w,) = o.warnings
+    assert f"max error {o.max_abs_error:.4g} is {o.max_rel_error:.2%} of the output range" in w, w
+    assert "golden sample 17" in w and "reported, not deciding" in w, w
+    assert "top-1 agreement 100.0% meets its bar (90%)" in w, w
+    assert "warnings" in v.to_json()["outputs"][0]  # recorded in the manifest with the output
+    # the tolerance says max error decides: the same outputs fail on it
+    strict = _verify_arrays(ref, got, tol.model_copy(update={"max_error_decides": True}), "class")
+    assert not strict.passed and "max error" in strict.failures[0] and "golden sample 17" in strict.failures[0]
+    assert strict.outputs[0].decided_by == ["top1_agreement", "max_rel_error"] and not strict.outputs[0].warnings
+    # eval samples on which agreement holds keep it a warning; eval samples on which it fails make it decide
+    held = _verify_arrays(ref, got, tol, "class", eval_ref=ref, eval_got=ref + 0.001)
+    assert held.passed and held.outputs[0].warnings, held.failures
+    flipped = ref.copy()
+    flipped[:8] = -flipped[:8]  # 8 of 32 eval samples decide otherwise: 75% agreement, needs 90%
+    bad = _verify_arrays(ref, got, tol, "class", eval_ref=ref, eval_got=flipped)
+    assert not bad.passed and not bad.outputs[0].passed and not bad.outputs[0].warnings
+    assert "golden sample 17" in bad.failures[0] and "fails on the 32 eval samples" in bad.failures[0], bad.failures
+    assert "max_rel_error" in bad.outputs[0].decided_by
+
+
+def test_without_a_task_metric_max_error_still_decides():
+    """A regression output is judged by SNR where the tolerance sets min_snr_db: a worst sample over max_rel_error
+    is then a warning while the SNR passes, and a failure as well where the SNR fails. Where the tolerance sets no
+    SNR bar, nothing else measures the output, and its max error decides alone."""
+    import numpy as np
+
+    from edgekit.profiles import load_target
+
+    tol = load_target("jetson").tolerances["int8"]  # max_rel_error 0.15, min_snr_db 15
+    rng = np.random.default_rng(1)
+    ref = rng.uniform(-1, 1, size=(64, 4))
+    got = ref + rng.normal(scale=0.01, size=ref.shape)
+    got[5, 2] += 0.3  # one box coordinate of one sample moved by 30% of the range: SNR stays near 30 dB
+    v = _verify_arrays(ref, got, tol, "regression")
+    o = v.outputs[0]
+    assert v.passed and o.metrics["snr_db"] > 15 and o.decided_by == ["snr_db"], (v.failures, o.metrics)
+    assert len(o.warnings) == 1 and "golden sample 5" in o.warnings[0] and "SNR" in o.warnings[0]
+    no_bar = _verify_arrays(ref, got, tol.model_copy(update={"min_snr_db": None}), "regression")
+    assert not no_bar.passed and no_bar.outputs[0].decided_by == ["max_rel_error"]
+    assert no_bar.failures[0].startswith("output 'y': max error") and "golden sample 5" in no_bar.failures[0]
+    assert not no_bar.outputs[0].warnings
+    high = _verify_arrays(ref, got, tol.model_copy(update={"min_snr_db": 60.0}), "regression")  # SNR fails too
+    assert not high.passed and any("max error" in f for f in high.failures) and any("SNR" in f for f in high.failures)
+    assert high.outputs[0].decided_by == ["snr_db", "max_rel_error"]

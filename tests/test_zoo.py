@@ -80,24 +80,24 @@ def test_int8_cells_pass_with_agreement_or_fail_for_a_stated_reason(results):
         c = cells[("oww-alexa", t, "int8")]
         assert c["status"] == "pass", (t, c.get("reason"))
         assert c["eval_samples"] and c["eval_agreement"], t
-        # ppocr-cls on single text lines: its decisions hold (>= 90% of 101 held-out lines). On jetson a probability
-        # moves by more than the 15% INT8 tolerance (RapidOCR rotates a line at >= 0.9): built, verified, failed for
-        # it. On android the int8 build with one HARD_SWISH / RELU_0_TO_1 op each holds it but runs slower than fp32
-        # (those are no XNNPACK int8 kernels); written out into ADD and MUL (the default) it is faster and its
-        # probabilities move past the tolerance: either way no passing INT8 build, and the reason says which bar
+        # ppocr-cls on single text lines: its decisions hold (>= 90% of 101 held-out lines). A probability moves by
+        # more than the 15% INT8 tolerance on some line (RapidOCR rotates a line at >= 0.9): with the agreement
+        # passing, that worst sample is a warning, not the verdict (--tolerance max_error_decides=true fails on it).
+        # On android the int8 build with one HARD_SWISH / RELU_0_TO_1 op each runs slower than fp32 (those are no
+        # XNNPACK int8 kernels); written out into ADD and MUL (the default) it is faster. Where a cell fails, the
+        # reason says which bar
         c = cells[("ppocr-cls", t, "int8")]
         agree = next(iter(c["eval_agreement"].values()))["top1_agreement"]
         assert c["status"] == "pass" or (c["status"] == "failed" and ("max error" in c["reason"]
                                                                       or "speed:" in c["reason"])), c.get("reason")
         assert agree >= 0.90, (t, agree)
-    # silero-vad on jetson: its STFT front end and LSTM state do not hold at INT8; mixed precision would have to keep
-    # all 18 convolutions float, which is no INT8 build, and the cell says so instead of passing
-    c = cells[("silero-vad", "jetson", "int8")]
-    assert c["status"] == "failed" and "not an INT8 build" in c["reason"], c
-    # on ios the same verdict: before, the W8A8 build kept fp32 only the ops beyond fp16's range, and fp16 storage
-    # alone moved its LSTM states by 88% of their range (with all 18 convolutions kept: no INT8 left to blame)
-    c = cells[("silero-vad", "ios", "int8")]
-    assert c["status"] == "failed" and "not an INT8 build" in c["reason"], c
+    # silero-vad: its STFT front end and LSTM state do not hold at INT8, and mixed precision keeps most (or all) of its
+    # 18 convolutions at higher precision. The count alone does not fail it: where that build passes every check it
+    # passes as a mixed build (its notes say how many layers stay float); where it still fails, or keeps every layer
+    # (nothing left at INT8), the cell says INT8 cannot hold the model, with the way out
+    for t in ("jetson", "ios"):
+        c = cells[("silero-vad", t, "int8")]
+        assert c["status"] == "pass" or (c["status"] == "failed" and "INT8 cannot hold this model" in c["reason"]), c
 
 
 def test_already_quantized_onnx_is_recognised(results):

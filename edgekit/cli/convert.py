@@ -77,7 +77,8 @@ def convert(
         t.add_row(o.name, f"{o.max_abs_error:.4g}", f"{o.max_rel_error:.3%}", f"{o.tolerance_rel:.2%}",
                   "—" if o.top1_agreement is None else f"{o.top1_agreement:.1%}" + (
                       f" ({near_ties(o.metrics)})" if near_ties(o.metrics) else ""),
-                  "[green]pass[/]" if o.passed else "[red]FAIL[/]")
+                  ("[yellow]pass, max error warned[/]" if o.warnings else "[green]pass[/]") if o.passed
+                  else "[red]FAIL[/]")
     console.print(t)
     if v.float_accuracy is not None:
         lo, hi = v.converted_accuracy_ci95 or (0.0, 1.0)

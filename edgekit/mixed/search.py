@@ -147,8 +147,10 @@ def weight_sqnr_db(w: np.ndarray, in_energy: np.ndarray, out_energy: float, grou
     return db(out_energy, float(np.sum(err2 * energy[group_of])))
 
 
-# An INT8 build may keep at most this share of its quantized layers at higher precision: beyond it the artifact
-# is a float build with a few INT8 layers, and calling it INT8 would hide that INT8 failed.
+# Beyond this share of its quantized layers kept at higher precision, an INT8 build is mostly float: one that passes
+# every check set for it passes, with a note and a warning that say how many layers stay at higher precision (the
+# count does not fail it; one that keeps all of them is refused: nothing is left at INT8); one that still fails is
+# told to choose fp16 or fine-tune. The spread search below looks no further than this share of the ranking.
 MAX_KEPT_SHARE = 0.5
 # Where the first SPREAD_AFTER layers of the ranking each gain less than MIN_GAIN_DB kept alone, the scan stops: the
 # ranking puts a layer that matters first (a detector head whose weights lose most of their resolution), and a
