@@ -90,7 +90,8 @@ class Hls4mlConverter:
         job.log(f"resource estimate at reuse {est.reuse_factor}: {est.dsp} DSP, {est.bram36} BRAM36, "
                 f"{est.lut} LUT, {est.ff} FF ({'fits' if est.fits else 'does NOT fit'} {job.board.id})")
 
-        project = write_project(job, mw, iq, est.reuse_factor, is_cnn)
+        dw = {c.name: c.reuse(est.reuse_factor) for c in costs if c.kernel}
+        project = write_project(job, mw, iq, est.reuse_factor, is_cnn, dw)
         hm = project["hm"]
         wraps = wrap_risks(hm)
         if wraps:

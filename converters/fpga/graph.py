@@ -394,6 +394,8 @@ def qonnx_costs(mw, bits: int) -> list[Any]:
             continue
         w = np.asarray(w)
         outs = int(w.shape[0] if n.op_type == "Conv" else w.shape[-1])
+        group = next((a.i for a in n.attribute if a.name == "group"), 1)
+        kernel = int(w.size // w.shape[0]) if group > 1 else 0  # depthwise: one window of weights per channel
         a_bits = 8 if not out else bits
-        out.append(FabricLayer(n.name, int(w.size), wbits, a_bits, outs))
+        out.append(FabricLayer(n.name, int(w.size), wbits, a_bits, outs, kernel))
     return out

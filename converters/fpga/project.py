@@ -20,7 +20,8 @@ PROJECT = "edgekit_fabric"
 TABLE_RESULT = "ufixed<16,0,RND,SAT>"
 
 
-def write_project(job: ConvertJob, mw, iq: dict[str, Any], reuse_factor: int, is_cnn: bool) -> dict[str, Any]:
+def write_project(job: ConvertJob, mw, iq: dict[str, Any], reuse_factor: int, is_cnn: bool,
+                  depthwise: dict[str, int] | None = None) -> dict[str, Any]:
     """The hls4ml project of the QONNX model ``mw`` in the work folder, its C simulation compiled: the hls4ml model
     (``hm``), its config, backend and io type, and the compile time."""
     hls4ml = require("hls4ml", "fpga")
@@ -34,6 +35,8 @@ def write_project(job: ConvertJob, mw, iq: dict[str, Any], reuse_factor: int, is
         cfg["Model"]["Strategy"] = "Latency" if reuse_factor == 1 else "Resource"
         for lay_cfg in cfg["LayerName"].values():
             lay_cfg["Trace"] = True  # lets a mismatch be traced to its first layer
+        for name, r in (depthwise or {}).items():  # hls4ml's Resource depthwise conv is wrong in io_stream: Latency
+            cfg["LayerName"].setdefault(name, {}).update({"Strategy": "Latency", "ReuseFactor": r})
         _type_tables(mw, cfg)
         # the input layer takes the input quantizer's type (not the 16,6 default): exact, no wrap
         in_name = mw.graph.input[0].name

@@ -32,6 +32,14 @@ class FabricLayer:
     w_bits: int
     a_bits: int
     out_elems: int
+    kernel: int = 0  # a depthwise conv's window (kh x kw); 0 for other layers
+
+    def reuse(self, reuse: int) -> int:
+        """The layer's reuse factor at the model's ``reuse``: a depthwise conv runs hls4ml's Latency strategy (its
+        Resource strategy computes wrong results in io_stream, measured), whose reuse must divide the window."""
+        if not self.kernel:
+            return reuse
+        return max(d for d in range(1, self.kernel + 1) if self.kernel % d == 0 and d <= reuse)
 
 
 @dataclass
@@ -67,7 +75,8 @@ def estimate(costs: list[FabricLayer], reuse: int, fpga, io_stream: bool,
              fifo_bits: list[int] | None = None) -> FabricEstimate:
     dsp = lut = ff = bram = 0
     for c in costs:
-        mults = math.ceil(c.weights / reuse)
+        r = c.reuse(reuse)
+        mults = math.ceil(c.weights / r)
         acc_bits = c.w_bits + c.a_bits + math.ceil(math.log2(max(2, c.weights // max(1, c.out_elems))))
         if max(c.w_bits, c.a_bits) >= 9:
             dsp += mults
@@ -75,7 +84,7 @@ def estimate(costs: list[FabricLayer], reuse: int, fpga, io_stream: bool,
             lut += mults * math.ceil(c.w_bits * c.a_bits / 2)
         lut += mults * acc_bits  # adder tree
         ff += mults * acc_bits
-        if reuse > 1:
+        if r > 1 and not c.kernel:  # the Resource strategy keeps weights in BRAM
             bram += max(1, math.ceil(c.weights * c.w_bits / BRAM_BITS))
     if io_stream:
         for b in fifo_bits or []:
