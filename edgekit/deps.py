@@ -15,7 +15,7 @@ KNOWN = {
     "onnxruntime": ("onnxruntime", "jetson"),
     "onnxslim": ("onnxslim", "jetson"),
     "onnxscript": ("onnxscript", "jetson"),
-    "tensorflow": ("tensorflow-cpu", "keras"),  # only for Keras / SavedModel input
+    "tensorflow": ("tensorflow", "keras"),  # only for Keras / SavedModel input
     "keras": ("keras", "keras"),
     "tf_keras": ("tf-keras", "keras"),  # Keras 2 (tf.keras) .h5 / SavedModel input
     "tf2onnx": ("tf2onnx", "keras"),  # Keras / SavedModel -> ONNX for jetson, ios, fpga
@@ -45,6 +45,21 @@ def version(dist: str) -> str | None:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
         return None
+
+
+# distributions that install the `tensorflow` package: edgekit[keras] installs `tensorflow`; a user may have
+# tensorflow-cpu instead (the same `tensorflow/` folder), so both are looked up, `tensorflow` first
+TF_DISTS = ("tensorflow", "tensorflow-cpu")
+
+
+def tensorflow_dist() -> str | None:
+    """The installed distribution that provides TensorFlow (``tensorflow``, else ``tensorflow-cpu``), or None."""
+    return next((d for d in TF_DISTS if version(d)), None)
+
+
+def tensorflow_version() -> str | None:
+    """TensorFlow's installed version, whichever distribution brought it; never imports it."""
+    return version(d) if (d := tensorflow_dist()) else None
 
 
 def toolchain_versions(*dists: str) -> dict[str, str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgekit.deps import version
+from edgekit.deps import tensorflow_version, version
 from edgekit.errors import MissingToolchainError, ModelLoadError
 from edgekit.quiet import first_line
 
@@ -108,12 +108,11 @@ def import_tf_keras() -> Any | None:
         tfk = importlib.import_module("tf_keras")
     except ImportError:
         return None
-    tf_ver, tfk_ver = _major_minor(version("tensorflow") or version("tensorflow-cpu")), _major_minor(version("tf-keras"))
+    tf_ver, tfk_ver = _major_minor(tensorflow_version()), _major_minor(version("tf-keras"))
     if tf_ver and tfk_ver and tf_ver != tfk_ver:
         raise MissingToolchainError(
-            f"tf-keras {version('tf-keras')} is installed beside TensorFlow "
-            f"{version('tensorflow') or version('tensorflow-cpu')}; a tf-keras release reads files only with its "
-            f"own TensorFlow release: pip install 'tf-keras=={tf_ver}.*'")
+            f"tf-keras {version('tf-keras')} is installed beside TensorFlow {tensorflow_version()}; a tf-keras "
+            f"release reads files only with its own TensorFlow release: pip install 'tf-keras=={tf_ver}.*'")
     return tfk
 
 

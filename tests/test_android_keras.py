@@ -19,6 +19,7 @@ pytest.importorskip("ai_edge_litert")
 tf = pytest.importorskip("tensorflow")
 keras = pytest.importorskip("keras")
 
+from edgekit import deps
 from edgekit.errors import EdgekitError, InputSpecError, MissingToolchainError, ModelLoadError  # noqa: E402
 from edgekit.pipeline import convert  # noqa: E402
 
@@ -71,7 +72,10 @@ def test_int8_full_integer_int8_io_no_transpose(keras_int8):
         assert t["dtype"] == "int8" and t["scale"] > 0 and -128 <= t["zero_point"] <= 127
     assert art["io"]["inputs"][0]["shape"] == [1, 8, 8, 1]
     assert art["layout"] == "source" and art["source_layout"] == "nhwc"
-    assert art["quantization"]["calibration_batches"] == 200 and "tensorflow-cpu" in art["toolchain"]
+    assert art["quantization"]["calibration_batches"] == 200
+    # TensorFlow under the one distribution that brought it (edgekit[keras]: tensorflow; a user's tensorflow-cpu)
+    assert [d for d in deps.TF_DISTS if d in art["toolchain"]] == [deps.tensorflow_dist()], art["toolchain"]
+    assert art["toolchain"][deps.tensorflow_dist()] == deps.tensorflow_version() and "keras" in art["toolchain"]
     assert keras_int8.manifest["source_model"]["kind"] == "keras"
     assert keras_int8.manifest["inputs"][0]["layout"] == "nhwc"
 

@@ -30,7 +30,7 @@ IMPORT_TO_DIST = {
     "ai_edge_quantizer": "ai-edge-quantizer", "litert_torch": "litert-torch", "brevitas": "brevitas",
     "qonnx": "qonnx", "hls4ml": "hls4ml", "coremltools": "coremltools", "onnxruntime": "onnxruntime",
     "onnxslim": "onnxslim", "onnxscript": "onnxscript", "onnx": "onnx", "scipy": "scipy", "ray": "ray",
-    "matplotlib": "matplotlib", "tf2onnx": "tf2onnx", "tensorflow": "tensorflow-cpu", "keras": "keras",
+    "matplotlib": "matplotlib", "tf2onnx": "tf2onnx", "tensorflow": "tensorflow", "keras": "keras",
     "flatbuffers": "flatbuffers", "paramiko": "paramiko", "adbutils": "adbutils",
 }
 
@@ -178,3 +178,20 @@ def test_the_cli_prints_the_extra(tmp_path):
                           env={**os.environ, "COLUMNS": "200"})
     assert proc.returncode == 2, proc.stderr
     assert "pip install 'edgekit[plan]'" in proc.stderr, proc.stderr
+
+
+def test_keras_extra_names_one_tensorflow_distribution():
+    """tf-keras requires `tensorflow`; the extra names it alone, on every platform (tensorflow-cpu beside it is a
+    second copy of the same `tensorflow/` folder)."""
+    reqs = [Requirement(r) for r in pyproject()["optional-dependencies"]["keras"]]
+    tf = [r for r in reqs if canon(r.name) in deps.TF_DISTS]
+    assert [canon(r.name) for r in tf] == ["tensorflow"] and tf[0].marker is None, [str(r) for r in tf]
+
+
+@pytest.mark.parametrize("installed, dist", [({"tensorflow": "2.21.0", "tensorflow-cpu": "2.21.0"}, "tensorflow"),
+                                             ({"tensorflow-cpu": "2.21.1"}, "tensorflow-cpu"),
+                                             ({"tensorflow": "2.21.0"}, "tensorflow"), ({}, None)])
+def test_tensorflow_version_under_either_distribution(monkeypatch, installed, dist):
+    monkeypatch.setattr(deps, "version", installed.get)
+    assert deps.tensorflow_dist() == dist
+    assert deps.tensorflow_version() == installed.get(dist)

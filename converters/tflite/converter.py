@@ -15,7 +15,7 @@ from edgekit.converters.tflite.audit import audit, float_counts, float_io, forma
 from edgekit.converters.tflite.build import convert_torch, float_reference, float_tflite
 from edgekit.converters.tflite.interpreter import against_float, builtin_refusal, latency
 from edgekit.converters.tflite.options import EXTRA, lstm_float, wide_activations
-from edgekit.deps import require, toolchain_versions
+from edgekit.deps import require, tensorflow_dist, toolchain_versions
 from edgekit.errors import ConversionError
 from edgekit.keras2 import read_by_tf_keras
 from edgekit.mixed.search import Search, keep_layers
@@ -55,7 +55,8 @@ class TFLiteConverter:
                 )
             # "source": the .tflite takes the model's own tensors as they are (runners transpose nothing)
             layout = "source"
-            tools = ("tensorflow-cpu", "tensorflow", "keras", *(("tf-keras",) if read_by_tf_keras(m) else ()))
+            # TensorFlow under the distribution that brought it (tensorflow, else a user's tensorflow-cpu)
+            tools = (tensorflow_dist() or "tensorflow", "keras", *(("tf-keras",) if read_by_tf_keras(m) else ()))
             meta: dict[str, Any] = {"layout": layout, "source_layout": m.inputs[0].layout or "as the model",
                                     "converter": "TensorFlow TFLiteConverter", "toolchain": toolchain_versions(*tools)}
         else:
