@@ -71,6 +71,11 @@ class Hls4mlConverter:
         iq = fq.input_quant(mw)
         job.log(f"QONNX: {len(quants)} Quant nodes, {bits}-bit, "
                 f"{'all' if all(q['pow2'] for q in quants) else 'NOT all'} scales powers of two")
+        dead = [q["node"] for q in quants if not q["pow2"] and max(q["scale"]) <= 1e-8]
+        if dead:
+            raise ConversionError(f"the activations quantized by {', '.join(dead[:6])} are all zero on the "
+                                  f"{len(calib)} calibration samples (a dead layer, or calibration data unlike the "
+                                  "model's inputs): no scale can be chosen; give --calib real inputs")
         if not all(q["pow2"] for q in quants):
             bad = [q["node"] for q in quants if not q["pow2"]]
             raise ConversionError(f"quantizer scales of {', '.join(bad)} are not powers of two: hls4ml's ap_fixed "

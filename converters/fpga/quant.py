@@ -226,10 +226,71 @@ def export_qonnx(qmodel, example: np.ndarray, raw: Path, clean: Path, channels_l
             raise ConversionError(f"brevitas QONNX export failed: {type(exc).__name__}: {exc}") from exc
         mw = cleanup_model(ModelWrapper(str(raw)))
         mw = mw.transform(ConvertToChannelsLastAndClean(make_input_channels_last=channels_last_input))
+        mw = tidy_transposes(mw, channels_last_input)
         mw = mw.transform(GemmToMatMul())
         mw = cleanup_model(mw)
     cap_ir_version(mw.model)  # onnxruntime (used by qonnx execution) rejects IR 14 (onnx 1.23)
     mw.save(str(clean))
+    return mw
+
+
+def tidy_transposes(mw, channels_last_input: bool):
+    """Layout transposes qonnx's channels-last conversion leaves at forks and concats (hls4ml streams no
+    Transpose): identical transposes of one tensor merged, and a Concat of channels-first transposes turned into a
+    channels-last Concat followed by one transpose, until qonnx's own passes cancel the pairs."""
+    from onnx import helper
+    from qonnx.transformation.channels_last import ConvertToChannelsLastAndClean
+    from qonnx.transformation.general import SortGraph
+    from qonnx.transformation.infer_shapes import InferShapes
+
+    def perm(n):
+        return tuple(next((list(a.ints) for a in n.attribute if a.name == "perm"), []))
+
+    outputs = {o.name for o in mw.graph.output}
+    for _ in range(20):
+        changed = False
+        g = mw.graph
+        seen: dict[tuple, Any] = {}
+        for n in list(g.node):
+            if n.op_type != "Transpose" or n.output[0] in outputs:
+                continue
+            key = (n.input[0], perm(n))
+            if key not in seen:
+                seen[key] = n
+                continue
+            for m in g.node:
+                for i, x in enumerate(m.input):
+                    if x == n.output[0]:
+                        m.input[i] = seen[key].output[0]
+            g.node.remove(n)
+            changed = True
+        for n in list(g.node):
+            if n.op_type != "Concat":
+                continue
+            prods = [mw.find_producer(i) for i in n.input]
+            shape = mw.get_tensor_shape(n.output[0]) or []
+            nd = len(shape)
+            first = tuple([0, nd - 1] + list(range(1, nd - 1)))  # channels-last -> channels-first
+            axis = next((a.i for a in n.attribute if a.name == "axis"), 0) % max(nd, 1)
+            if nd < 3 or axis != 1 or not all(p is not None and p.op_type == "Transpose" and perm(p) == first
+                                                and len(mw.find_consumers(p.output[0]) or []) == 1 for p in prods):
+                continue
+            cl = n.output[0] + "_channels_last"
+            idx = list(g.node).index(n)
+            concat = helper.make_node("Concat", [p.input[0] for p in prods], [cl], name=n.name, axis=nd - 1)
+            back = helper.make_node("Transpose", [cl], [n.output[0]], name=n.name + "_to_channels_first",
+                                    perm=list(first))
+            g.node.remove(n)
+            g.node.insert(idx, back)
+            g.node.insert(idx, concat)
+            for p in prods:
+                g.node.remove(p)
+            changed = True
+        if not changed:
+            break
+        mw = mw.transform(SortGraph())
+        mw = mw.transform(InferShapes())
+        mw = mw.transform(ConvertToChannelsLastAndClean(make_input_channels_last=channels_last_input))
     return mw
 
 
