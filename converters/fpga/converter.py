@@ -95,6 +95,10 @@ class Hls4mlConverter:
         job.log(f"resource estimate at reuse {est.reuse_factor}: {est.dsp} DSP, {est.bram36} BRAM36, "
                 f"{est.lut} LUT, {est.ff} FF ({'fits' if est.fits else 'does NOT fit'} {job.board.id})")
 
+        timing = fr.timing(costs, est.reuse_factor, fpga.fabric_clock_mhz, is_cnn)
+        job.log(f"timing estimate at {fpga.fabric_clock_mhz:g} MHz: latency {timing['latency_cycles']} cycles "
+                f"({timing['latency_us']} µs), a new input every {timing['interval_cycles']} cycles "
+                f"({timing['interval_us']} µs)")
         dw = {c.name: c.reuse(est.reuse_factor) for c in costs if c.kernel}
         project = write_project(job, mw, iq, est.reuse_factor, is_cnn, dw)
         hm = project["hm"]
@@ -119,7 +123,10 @@ class Hls4mlConverter:
         # the HLS project goes into the bundle, without the host's compiled library
         shutil.copytree(job.work_dir / HLS_DIR, job.out_dir / HLS_DIR,
                         ignore=shutil.ignore_patterns("*.so", "*.o", "__pycache__"))
-        resources = {"board": job.board.id, "part": fpga.part, "chosen": est.to_json(),
+        resources = {"board": job.board.id, "part": fpga.part, "chosen": est.to_json(), "timing": timing,
+                     "layers": [{"layer": c.name, "weights": c.weights, "weight_bits": c.w_bits,
+                                 "reuse_factor": c.reuse(est.reuse_factor), "depthwise": bool(c.kernel)}
+                                for c in costs],
                      "tried": [t.to_json() for t in tried], "fit_share": fr.FIT_SHARE,
                      "available": {"dsp": fpga.dsp, "bram36": fpga.bram36, "lut": fpga.lut, "ff": fpga.ff,
                                    "uram": fpga.uram},
@@ -153,6 +160,7 @@ class Hls4mlConverter:
             "table_check": state.get("table_check"),
             "csim_compile_s": round(project["compile_s"], 2),
             "resources_estimate": est.to_json(),
+            "timing_estimate": {k: v for k, v in timing.items() if k != "layers"},
             "bitstream": {"built": False, "reason": why, "build_script": "build.sh"},
             "fabric_golden": FABRIC_GOLDEN,
         }

@@ -397,5 +397,7 @@ def qonnx_costs(mw, bits: int) -> list[Any]:
         group = next((a.i for a in n.attribute if a.name == "group"), 1)
         kernel = int(w.size // w.shape[0]) if group > 1 else 0  # depthwise: one window of weights per channel
         a_bits = 8 if not out else bits
-        out.append(FabricLayer(n.name, int(w.size), wbits, a_bits, outs, kernel))
+        shape = mw.get_tensor_shape(n.input[0]) or []
+        pixels = int(np.prod(shape[1:-1])) if n.op_type == "Conv" and len(shape) >= 3 else 1  # channels-last
+        out.append(FabricLayer(n.name, int(w.size), wbits, a_bits, outs, kernel, pixels))
     return out

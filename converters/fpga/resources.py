@@ -33,6 +33,7 @@ class FabricLayer:
     a_bits: int
     out_elems: int
     kernel: int = 0  # a depthwise conv's window (kh x kw); 0 for other layers
+    pixels: int = 1  # positions a streamed conv computes (input height x width); 1 for a dense layer
 
     def reuse(self, reuse: int) -> int:
         """The layer's reuse factor at the model's ``reuse``: a depthwise conv runs hls4ml's Latency strategy (its
@@ -101,6 +102,28 @@ def estimate(costs: list[FabricLayer], reuse: int, fpga, io_stream: bool,
     util = {k: round(used[k] / avail[k], 4) if avail[k] else float("inf") for k in used}
     over = [k for k in used if used[k] > FIT_SHARE * avail[k]]
     return FabricEstimate(reuse, dsp, bram, lut, ff, not over, over[0] if over else None, util)
+
+
+def timing(costs: list[FabricLayer], reuse: int, clock_mhz: float, io_stream: bool) -> dict[str, Any]:
+    """ESTIMATED latency and initiation interval in clock cycles (and µs at ``clock_mhz``), before HLS synthesis.
+
+    A dense layer takes its reuse factor in cycles plus its adder tree (log2 of its inputs) and two register
+    stages; a streamed conv reads one input pixel per reuse-factor cycles (hls4ml's line buffer), so it takes
+    pixels x reuse cycles. The layers are counted one after the other (latency: an upper bound; hls4ml's dataflow
+    overlaps streamed layers), and the slowest layer sets the interval between inferences."""
+    per = []
+    for c in costs:
+        r = c.reuse(reuse)
+        fan_in = max(2, c.weights // max(1, c.out_elems))
+        cycles = c.pixels * r + math.ceil(math.log2(fan_in)) + 2 if io_stream else (
+            r + math.ceil(math.log2(fan_in)) + 2)
+        per.append({"layer": c.name, "reuse_factor": r, "cycles": int(cycles)})
+    latency = sum(p["cycles"] for p in per)
+    interval = max((p["cycles"] for p in per), default=0)
+    return {"kind": "estimate (before HLS synthesis; hls4ml reports its own after `build.sh`'s csynth)",
+            "clock_mhz": clock_mhz, "latency_cycles": latency, "latency_us": round(latency / clock_mhz, 3),
+            "interval_cycles": interval, "interval_us": round(interval / clock_mhz, 3),
+            "inferences_per_s": round(clock_mhz * 1e6 / interval) if interval else None, "layers": per}
 
 
 def pick_reuse(costs: list[FabricLayer], fpga, io_stream: bool, fifo_bits: list[int] | None = None,
