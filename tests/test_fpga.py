@@ -79,15 +79,6 @@ def test_reuse_factor_is_smallest_that_fits():
 # ---------------------------------------------------------------- front end
 
 
-def test_residual_cnn_is_refused_with_the_op_named(digits, tmp_path):
-    from edgekit.pipeline import convert
-
-    with pytest.raises(UnsupportedOpError, match="ReduceMean|GlobalAveragePool|single chain"):
-        convert(digits["model"], target="fpga", board="xilinx/pynq-z2", precision="int8",
-                calib=str(digits["calib"]), out=tmp_path / "b")
-    assert not (tmp_path / "b").exists()
-
-
 def test_help_does_not_import_hls4ml():
     code = "import sys, edgekit.cli; bad=[m for m in ('hls4ml','brevitas','qonnx','torch') if m in sys.modules]; print(bad)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
