@@ -102,9 +102,8 @@ def test_per_channel_constants_and_spatial_mean_are_standardized():
     """A Mul by a per-channel constant after a ReLU (nothing to fold it into in the ONNX graph) becomes an affine
     layer; a ReduceMean over H, W becomes a global pool; a Mul by a [1, 1, H, W] map is refused with its shape."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
     from edgekit.converters.fpga import graph as fg
+    from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
 

@@ -1,6 +1,7 @@
 """FPGA fabric (converter "hls4ml"): power-of-two-scaled QONNX -> hls4ml HLS project, bit-exact C simulation.
 
-1. quantize (``quant``): brevitas PTQ, ``int8`` (8-bit weights/activations) or ``int4`` (4-bit weights/activations,
+1. quantize (``graph``, ``quant``): the whole float graph through brevitas' graph mode (power-of-two FlexML maps),
+   PTQ, ``int8`` (8-bit weights/activations) or ``int4`` (4-bit weights/activations,
    8-bit input), power-of-two scales, quantized bias; exported as QONNX (``model.qonnx.onnx``): QONNX execution is
    the integer-exact reference.
 2. estimate (``resources``): DSP/BRAM36/LUT/FF against the board for reuse factors 1, 2, 4, ...; the smallest that

@@ -91,6 +91,16 @@ def first_mismatch(hm, mw, x1: np.ndarray, skip: str | None = None) -> str | Non
     nodes = list(mw.graph.node)
     index = {n.name: i for i, n in enumerate(nodes)}
     compute = ("MatMul", "Conv", "Relu", "MaxPool", "Flatten", "Add", "Sub", "Mul", "Concat", "LeakyRelu", "PRelu")
+    producers = {o: n for n in nodes for o in n.output}
+
+    def constant(t: str) -> bool:  # an initializer, or a Quant of one (a bias)
+        p = producers.get(t)
+        return mw.get_initializer(t) is not None or (p is not None and p.op_type == "Quant"
+                                                     and mw.get_initializer(p.input[0]) is not None)
+
+    def boundary(n) -> bool:  # a node hls4ml does not fuse into the layer before (a bias Add it does)
+        return n.op_type in compute and not (n.op_type == "Add" and any(constant(i) for i in n.input))
+
     for name, value in trace.items():
         base = name.removesuffix("_act")
         for prefix in ("Dense_", "DepthwiseConv2D_", "DepthwiseConv1D_", "Conv2D_", "Conv1D_"):
@@ -100,7 +110,7 @@ def first_mismatch(hm, mw, x1: np.ndarray, skip: str | None = None) -> str | Non
         a = np.asarray(value, np.float64).reshape(-1)
         cands = []
         for k in range(index[base], len(nodes)):
-            if k > index[base] and nodes[k].op_type in compute:
+            if k > index[base] and boundary(nodes[k]):
                 break
             t = ctx.get(nodes[k].output[0])
             if t is not None and np.asarray(t).size == a.size:

@@ -15,7 +15,7 @@ convolutions, BatchNorm, pooling) quantized with brevitas' graph-mode quantizer 
    unsigned for non-negative data. A BatchNorm that follows no conv becomes a depthwise 1x1 convolution.
 3. calibration and QONNX export are ``quant.calibrate`` / ``quant.export_qonnx`` (unchanged for both paths).
 
-Chosen over hand-rebuilding the chain layer by layer (the previous path, ``quant.build_brevitas``) because brevitas'
+Chosen over rebuilding the model layer by layer with brevitas layers (which takes chains only) because brevitas'
 graph quantizer already solves scale alignment across branches; chosen over onnxruntime's QDQ quantizer plus
 qonnx's QCDQ->Quant conversion because that quantizer has no power-of-two scales (rounding its scales afterwards
 moves every zero point and bias).
@@ -196,11 +196,12 @@ def standardize(gm, proto, example: np.ndarray):
             if out is None or not in_shape or out[0] != in_shape[0]:
                 raise UnsupportedOpError(f"{onnx_op} {node.target}: a reshape that moves the batch axis ({in_shape} "
                                          f"-> {out}); the fabric takes reshapes of one sample")
-            m = nn.Flatten(1) if len(out) == 2 else nn.Unflatten(1, tuple(out[1:]))
-            if len(out) > 2:  # [N, ...] -> [N, flat] -> [N, *out]: one sample reshaped, any batch
-                env[node.name] = add(str(node.target) + "_flat", nn.Flatten(1), ins, "flatten")
-                ins = [env[node.name]]
-            env[node.name] = add(str(node.target), m, ins, "flatten" if len(out) == 2 else "reshape")
+            # x.flatten(1) / x.reshape(-1, ...): methods brevitas sees a quantized tensor pass through unchanged
+            if len(out) == 2:
+                env[node.name] = graph.call_method("flatten", (ins[0], 1))
+            else:
+                env[node.name] = graph.call_method("reshape", (ins[0], -1, *out[1:]))
+            layers.append({"name": _clean(str(node.target)), "kind": "flatten" if len(out) == 2 else "reshape"})
         elif cls in KEEP:
             if cls in ("Conv1d", "Conv2d") and mod.padding_mode != "zeros":
                 raise UnsupportedOpError(f"Conv {node.target}: padding mode {mod.padding_mode!r}; hls4ml pads "
@@ -316,10 +317,8 @@ def quantize(gm, bits: int, signed_input: bool):
     from brevitas.graph.quantize import preprocess_for_quantize
     from brevitas.graph.quantize import quantize as bquantize
     from brevitas.quant import Int8ActPerTensorFixedPoint, Uint8ActPerTensorFixedPoint
-
-    from torch import nn
-
     from edgekit.converters.fpga.quant import TableActivation
+    from torch import nn
 
     # traced again by brevitas' tracer: its residual handler does not converge on the graph as built by hand
     gm = preprocess_for_quantize(gm, trace_model=True, relu6_to_relu=False)
@@ -332,6 +331,7 @@ def quantize(gm, bits: int, signed_input: bool):
     setattr(qm, first.target, qnn.QuantIdentity(
         act_quant=Int8ActPerTensorFixedPoint if signed_input else Uint8ActPerTensorFixedPoint, bit_width=8,
         return_quant_tensor=True))
+    _drop_output_requant(qm)
     for node in qm.graph.nodes:  # the output's sigmoid / softmax: float in QONNX, hls4ml's lookup table
         if node.op == "call_module" and isinstance(qm.get_submodule(node.target), (nn.Sigmoid, nn.Softmax)):
             kind = "sigmoid" if isinstance(qm.get_submodule(node.target), nn.Sigmoid) else "softmax"
@@ -339,6 +339,31 @@ def quantize(gm, bits: int, signed_input: bool):
             setattr(qm.get_submodule(parent) if parent else qm, name, TableActivation(kind))
     qm.recompile()
     return qm.eval()
+
+
+def _drop_output_requant(qm) -> None:
+    """No requantization of the last layer's outputs (the logits, or the values a sigmoid / softmax table reads):
+    they leave the fabric at the layer's exact accumulator precision (input scale x weight scale), as wide as
+    hls4ml's accumulator, instead of being rounded to the activation bits."""
+    qnn = require("brevitas.nn", "fpga")
+    from torch import nn
+
+    out = next(n for n in qm.graph.nodes if n.op == "output")
+    node = out.args[0]
+    if isinstance(node, (tuple, list)):
+        return
+    if node.op == "call_module" and isinstance(qm.get_submodule(node.target), (nn.Sigmoid, nn.Softmax)):
+        node = node.args[0]
+    if node.op != "call_module" or not isinstance(qm.get_submodule(node.target), qnn.QuantIdentity):
+        return
+    src = node.args[0]
+    if src.op != "call_module" or not isinstance(qm.get_submodule(src.target), (qnn.QuantLinear, qnn.QuantConv2d,
+                                                                                qnn.QuantConv1d)):
+        return
+    node.replace_all_uses_with(src)
+    qm.graph.erase_node(node)
+    qm.get_submodule(src.target).return_quant_tensor = False
+    qm.recompile()
 
 
 def _bn_to_depthwise(gm) -> None:

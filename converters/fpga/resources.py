@@ -58,20 +58,6 @@ class FabricEstimate:
         return {**asdict(self), "kind": "estimate (before synthesis; Vivado's report replaces it)"}
 
 
-def layer_costs(layers, bits: int) -> list[FabricLayer]:
-    """Costs of the quantized chain from ``quant.read_chain``'s layers (input stays 8-bit)."""
-    out = []
-    a_bits = 8
-    for lay in layers:
-        if lay.kind not in ("conv", "linear"):
-            continue
-        w = lay.weight
-        out_elems = int(w.shape[0])
-        out.append(FabricLayer(lay.name, int(w.size), bits, a_bits, out_elems))
-        a_bits = bits
-    return out
-
-
 def estimate(costs: list[FabricLayer], reuse: int, fpga, io_stream: bool,
              fifo_bits: list[int] | None = None) -> FabricEstimate:
     dsp = lut = ff = bram = 0
