@@ -41,7 +41,9 @@ TABLE_OPS = {"Sigmoid": "sigmoid", "Softmax": "softmax", "OnnxSoftmaxV1V11": "so
 HLS4ML_LACKS = {
     "HardSigmoid": "HardSigmoid (hls4ml 1.3's ONNX front end skips it: fastmachinelearning/hls4ml#409)",
     "HardSwish": "HardSwish",
-    "Gather": "Gather", "Slice": "Slice", "Split": "Split", "Shape": "Shape", "Expand": "Expand",
+    "Gather": "Gather", "Slice": "Slice", "Max": "Max with a constant (its Max merges two tensors)",
+    "GreaterOrEqual": "GreaterOrEqual", "If": "If (control flow)", "Log": "Log", "Floor": "Floor",
+    "DynamicQuantizeLinear": "DynamicQuantizeLinear (quantize the float model instead)", "Split": "Split", "Shape": "Shape", "Expand": "Expand",
     "ReduceMean": "ReduceMean over other axes than the spatial ones (a mean over H, W is a global pool and is taken)", "ReduceSum": "ReduceSum", "ReduceMax": "ReduceMax", "Pow": "Pow", "Sqrt": "Sqrt",
     "Erf": "Erf", "LayerNormalization": "LayerNormalization (in its ONNX front end)", "Einsum": "Einsum",
     "InstanceNormalization": "InstanceNormalization", "Where": "Where", "Cast": "Cast", "Exp": "Exp",
@@ -191,7 +193,8 @@ def standardize(gm, proto, example: np.ndarray):
         in_shape = shapes.get(data[0].name, []) if data else []
         if cls in ("OnnxCopyIdentity", "Identity", "Dropout", "OnnxDropoutDynamic"):
             env[node.name] = ins[0]
-        elif cls in ("StaticReshape", "OnnxReshape", "OnnxFlatten", "Flatten"):
+        elif cls in ("StaticReshape", "OnnxReshape", "OnnxFlatten", "Flatten", "OnnxSqueezeStaticAxes",
+                     "OnnxUnsqueezeStaticAxes"):
             out = shapes.get(node.name)
             if out is None or not in_shape or out[0] != in_shape[0]:
                 raise UnsupportedOpError(f"{onnx_op} {node.target}: a reshape that moves the batch axis ({in_shape} "
