@@ -18,6 +18,7 @@ from edgekit.errors import InputSpecError
 from edgekit.fsutil import size_limit
 from edgekit.ingest import Model
 from edgekit.quiet import first_line
+from edgekit.units import fmt_bytes
 
 LABEL_KEYS = ("label", "labels", "y", "target", "targets")
 
@@ -102,8 +103,8 @@ def _check_header(what: str, key: str, shape: tuple[int, ...], dtype: np.dtype, 
     budget[0] += nbytes
     if budget[0] > cap:
         raise InputSpecError(
-            f"{what}: array {key!r} {list(shape)} {dtype} expands to {budget[0] / 1e6:,.0f} MB, over the "
-            f"{cap / 1e6:,.0f} MB limit for data files; use fewer samples, or raise the limit with --max-data-mb "
+            f"{what}: array {key!r} {list(shape)} {dtype} expands to {fmt_bytes(budget[0])}, over the "
+            f"{fmt_bytes(cap)} limit for data files; use fewer samples, or raise the limit with --max-data-mb "
             f"(or ${MAX_DATA_MB_ENV})"
         )
 

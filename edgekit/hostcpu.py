@@ -60,9 +60,12 @@ class HostCPU:
                 "int8": round(self.int8_ops_per_clk * scale, 4)}
 
     def describe(self) -> str:
+        from edgekit.units import fmt_mb
+
         p = self.peak_tops()
         return (f"{self.model} ({self.arch}, {self.isa}), {self.cores} core(s) at {self.clock_mhz:.0f} MHz: "
-                f"peak fp32 {p['fp32']} / int8 {p['int8']} TOPS; L2 {self.l2_kb} KB/core, L3 {self.l3_kb} KB")
+                f"peak fp32 {p['fp32']} / int8 {p['int8']} TOPS; L2 {fmt_mb(self.l2_kb / 1024, kilo=1024)}/core, "
+                f"L3 {fmt_mb(self.l3_kb / 1024, kilo=1024)}")
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"peak_tops": self.peak_tops()}

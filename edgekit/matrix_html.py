@@ -8,6 +8,8 @@ import math
 from html import escape
 from typing import Any
 
+from edgekit.units import fmt_bytes
+
 STATUS_COLOUR = {"pass": "#2e9d4f", "failed": "#d7301f", "error": "#7f0000", "refused": "#e89a3c", "skipped": "#bdbdbd"}
 CSS = """body{font:14px/1.4 system-ui,sans-serif;margin:24px;color:#222}table{border-collapse:collapse;margin:8px 0 24px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:center}th{background:#f3f3f3}td.l,th.l{text-align:left}
@@ -41,7 +43,7 @@ def _metric(c: dict[str, Any], name: str) -> tuple[float | None, str]:
     v = c.get("artifact_bytes" if name == "size" else "estimated_latency_ms")
     if v is None:
         return None, "—"
-    return v, (f"{v / 1e6:.3f} MB" if name == "size" else f"{v:.3g} ms")
+    return v, (fmt_bytes(v) if name == "size" else f"{v:.3g} ms")
 
 
 def _grid(cells: list[dict[str, Any]], title: str, name: str, note: str) -> str:

@@ -32,6 +32,7 @@ from edgekit.costmodel import Candidate, Estimate, calibrated, estimate
 from edgekit.errors import EdgekitError
 from edgekit.fsutil import work_dir
 from edgekit.profiles import PRECISION_ORDER, Board, Target, load_target
+from edgekit.units import fmt_mb, fmt_mb_distinct
 
 if TYPE_CHECKING:
     from edgekit.ingest import Model
@@ -257,18 +258,26 @@ BUDGET_NAMES = {"ram_mb": "RAM", "storage_mb": "storage", "latency_ms": "latency
 
 
 def fmt_budget(k: str, v: float, digits: int = 6) -> str:
-    """A budget or estimate in its unit, readable at any size: "65,536 MB", "1,500.07 MB", "0.0575 MB", "33.3 ms"."""
+    """A budget or estimate in its unit, readable at any size: sizes in :func:`edgekit.units.fmt_mb`'s format
+    ("65,536 MB", "1,500.1 MB", "57.5 KB"), the others to ``digits`` significant digits ("33.3 ms", "0.0731 ms")."""
+    if BUDGET_UNITS[k] == "MB":
+        return fmt_mb(v)
     return (f"{v:,.0f}" if abs(v) >= 10**digits else f"{v:,.{digits}g}") + f" {BUDGET_UNITS[k]}"
+
+
+def fmt_budgets(k: str, *vs: float) -> list[str]:
+    """Several figures of one budget, sizes with the decimals that keep different figures different."""
+    return fmt_mb_distinct(*vs) if BUDGET_UNITS[k] == "MB" else [fmt_budget(k, v) for v in vs]
 
 
 def tightest(s: Scored, budgets: Budgets) -> str:
     """The budget a fitting candidate comes closest to, e.g. "RAM at 27% of 5,596 MB (runtime 1,500 MB + model
-    0.066 MB)": the runtime's own RAM is named, as it can dominate a small model's figure."""
+    65.7 KB)": the runtime's own RAM is named, as it can dominate a small model's figure."""
     k, e = s.binding, s.estimate
     out = f"{BUDGET_NAMES[k]} at {s.usage[k]:.0%} of {fmt_budget(k, getattr(budgets, k))}"
     if k == "ram_mb" and e.runtime_overhead_mb:
         out += (f" (runtime {fmt_budget(k, e.runtime_overhead_mb)} + model "
-                f"{fmt_budget(k, e.ram_mb - e.runtime_overhead_mb, 3)})")
+                f"{fmt_budget(k, e.ram_mb - e.runtime_overhead_mb)})")
     return out
 
 
@@ -335,7 +344,8 @@ def _nothing_fits(scored: list[Scored], budgets: Budgets, board: Board) -> str:
     parts = []
     for k, amount in sorted(nearest.over.items(), key=lambda kv: -nearest.usage[kv[0]]):
         limit = getattr(budgets, k)
-        parts.append(f"{BUDGET_NAMES[k]} budget {fmt_budget(k, limit)} cannot be met: needs {fmt_budget(k, limit + amount)} "
+        lim, need = fmt_budgets(k, limit, limit + amount)
+        parts.append(f"{BUDGET_NAMES[k]} budget {lim} cannot be met: needs {need} "
                      f"(+{fmt_budget(k, amount)}, {100 * (nearest.usage[k] - 1):.0f}% over)")
     flags = ", ".join(sorted({BUDGET_FLAGS[k] for k in nearest.over}))
     return (f"no build of this model fits board {board.id}: " + "; ".join(parts)
@@ -357,10 +367,10 @@ def _reason(best: Scored, scored: list[Scored], budgets: Budgets, native: str | 
     bind = max(counts, key=lambda k: counts[k])
     closest = min((s for s in less if bind in s.over), key=lambda s: s.over[bind])
     cc = closest.estimate.candidate
-    return (f"{c.label}: {BUDGET_NAMES[bind]} budget {fmt_budget(bind, getattr(budgets, bind))} binds — "
-            f"the closest less compressed candidate ({cc.label}) needs "
-            f"{fmt_budget(bind, getattr(budgets, bind) + closest.over[bind])}; this one needs "
-            f"{fmt_budget(bind, best.usage[bind] * getattr(budgets, bind))}")
+    limit = getattr(budgets, bind)
+    lim, more, this = fmt_budgets(bind, limit, limit + closest.over[bind], best.usage[bind] * limit)
+    return (f"{c.label}: {BUDGET_NAMES[bind]} budget {lim} binds — "
+            f"the closest less compressed candidate ({cc.label}) needs {more}; this one needs {this}")
 
 
 def plan_section(stats: ModelStats, board: Board, precision: str, plan: Plan | None = None) -> dict[str, Any]:

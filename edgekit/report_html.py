@@ -69,11 +69,17 @@ def pareto(plan: Plan) -> bytes:
     acc = {}
     for st in plan.eval_steps:
         acc[len(st.float_layers)] = st.accuracy
+    from matplotlib.colors import BoundaryNorm, ListedColormap
+
     ranks = sorted({compression_rank(s.estimate.candidate)[:2] for s in pts})
     x = [s.estimate.storage_mb for s in pts]
     y = [s.estimate.latency_ms for s in pts]
     c = [ranks.index(compression_rank(s.estimate.candidate)[:2]) for s in pts]
-    sc = ax.scatter(x, y, c=c, cmap="viridis", s=[40 if s.fits else 14 for s in pts],
+    # a whole-number rank: one colour per rank, the colour bar ticked at each rank and nowhere between
+    n = len(ranks)
+    cmap = ListedColormap(plt.get_cmap("viridis")([i / max(n - 1, 1) for i in range(n)]))
+    norm = BoundaryNorm([i - 0.5 for i in range(n + 1)], n)
+    sc = ax.scatter(x, y, c=c, cmap=cmap, norm=norm, s=[40 if s.fits else 14 for s in pts],
                     marker="o", alpha=0.85, edgecolors=["black" if s.fits else "none" for s in pts])
     # Pareto front over (storage, latency) among fitting candidates
     fit = sorted((s for s in pts if s.fits), key=lambda s: (s.estimate.storage_mb, s.estimate.latency_ms))
@@ -82,7 +88,7 @@ def pareto(plan: Plan) -> bytes:
         if s.estimate.latency_ms < best:
             front.append(s)
             best = s.estimate.latency_ms
-    if front:
+    if len(front) > 1:  # a front of one point is no line: the legend names only what is drawn
         ax.plot([s.estimate.storage_mb for s in front], [s.estimate.latency_ms for s in front], "k--", lw=1,
                 label="Pareto front (fits)")
     ch = plan.choice.estimate
@@ -93,9 +99,9 @@ def pareto(plan: Plan) -> bytes:
     ax.set_ylabel("latency (ms, estimate)")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    cb = fig.colorbar(sc, ax=ax)
+    cb = fig.colorbar(sc, ax=ax, ticks=range(n))
     cb.set_label("compression rank (0 = none)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=3, frameon=False)  # below: covers no point
     ax.set_title("candidates: latency vs size (big, outlined = fits every budget)", fontsize=9)
     return _png(fig)
 
@@ -114,7 +120,8 @@ def layers(plan: Plan) -> bytes:
                 left=[(max(lc.compute_ms, lc.memory_ms) + lc.launch_ms) * 1e3 for lc in ls],
                 color="#c0392b", alpha=0.7, label="runtime passes")
     a1.set_xlabel("latency per layer (us, estimate)")
-    a1.legend(fontsize=7)
+    # the legends sit above the axes, where they cover no bar
+    a1.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=4, frameon=False)
     a1.set_yticks(list(ys))
     a1.set_yticklabels([f"{lc.name} ({lc.op}, {lc.precision})" for lc in ls], fontsize=7)
     a1.invert_yaxis()
@@ -122,14 +129,15 @@ def layers(plan: Plan) -> bytes:
     a2.barh(ys, [lc.weight_bytes / 1e3 for lc in ls], color="#8e44ad", label="weights")
     a2.barh(ys, [acts.get(lc.name, 0) / 1e3 for lc in ls], left=[lc.weight_bytes / 1e3 for lc in ls],
             color="#16a085", label="output activation (fp32)")
-    a2.set_xlabel("memory per layer (kB)")
-    a2.legend(fontsize=7)
-    fig.suptitle(f"per layer: {plan.choice.estimate.candidate.label}", fontsize=9)
+    a2.set_xlabel("memory per layer (KB)")
+    a2.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, frameon=False)
+    fig.suptitle(f"per layer: {plan.choice.estimate.candidate.label}", fontsize=9, y=1.02)
     return _png(fig)
 
 
 def render(plan: Plan, images: dict[str, bytes]) -> str:
     from edgekit.planner import BUDGET_NAMES, BUDGET_UNITS, fmt_budget
+    from edgekit.units import fmt_mb
 
     def img(name: str) -> str:
         data = base64.b64encode(images[name]).decode()
@@ -144,7 +152,7 @@ def render(plan: Plan, images: dict[str, bytes]) -> str:
                 else f"yes (tightest: {BUDGET_NAMES[s.binding]} {s.usage[s.binding]:.0%})")
         rows.append(
             f"<tr class='{'chosen' if chosen else ('ok' if s.fits else 'no')}'><td>{html.escape(est.candidate.label)}</td>"
-            f"<td>{est.ram_mb:.3f}</td><td>{est.storage_mb:.4f}</td><td>{est.latency_ms:.4f}</td>"
+            f"<td>{fmt_mb(est.ram_mb)}</td><td>{fmt_mb(est.storage_mb)}</td><td>{est.latency_ms:.4f}</td>"
             f"<td>{est.energy_mj:.4f}</td><td>{html.escape(over)}</td></tr>")
     steps = "".join(
         f"<li>{len(st.float_layers)} layer(s) kept float ({html.escape(', '.join(st.float_layers)) or 'none'}): "
@@ -166,14 +174,14 @@ img {{ max-width: 100%; display: block; margin: 1em 0; }} .reason {{ background:
 <h1>edgekit plan — {html.escape(plan.board)} ({html.escape(plan.target)})</h1>
 <p class="reason"><b>Choice:</b> {html.escape(plan.reason)}</p>
 <p>Budgets: {html.escape(budgets)}.{' Cost model calibrated from measurements.' if plan.calibrated else ''}
-Estimate: RAM {e.ram_mb:.3f} MB (weights {e.weights_mb:.4f} + activations {e.activations_mb:.4f} + runtime
-{e.runtime_overhead_mb:.0f}), storage {e.storage_mb:.4f} MB, latency {e.latency_ms:.4f} ms, energy {e.energy_mj:.4f} mJ
+Estimate: RAM {fmt_mb(e.ram_mb)} (weights {fmt_mb(e.weights_mb)} + activations {fmt_mb(e.activations_mb)} + runtime
+{fmt_mb(e.runtime_overhead_mb)}), storage {fmt_mb(e.storage_mb)}, latency {e.latency_ms:.4f} ms, energy {e.energy_mj:.4f} mJ
 at {e.power_w:g} W.</p>
 {('<h2>Accuracy (measured)</h2><ul>' + steps + '</ul>') if steps else ''}
 {('<h2>Per-layer sensitivity</h2><ul>' + sens + '</ul>') if sens else ''}
 <h2>Budgets</h2>{img('budgets')}
 <h2>Candidates</h2>{img('pareto')}
-<table><tr><th>candidate</th><th>RAM MB</th><th>storage MB</th><th>latency ms</th><th>energy mJ</th>
+<table><tr><th>candidate</th><th>RAM</th><th>storage</th><th>latency ms</th><th>energy mJ</th>
 <th>fits</th></tr>{''.join(rows)}</table>
 <h2>Per layer</h2>{img('layers')}
 {('<h2>Notes</h2><ul>' + notes + '</ul>') if notes else ''}

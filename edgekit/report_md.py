@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from edgekit.units import fmt_bytes as fmt_size  # the one size format of reports and the CLI
+
 if TYPE_CHECKING:  # pragma: no cover
     from edgekit.analyze import ModelStats
-
-
-def fmt_size(n: float) -> str:
-    """Bytes as MB (GB from 1e9 up): the one size format of reports and the CLI."""
-    return f"{n / 1e6:.3f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
 
 
 def _ci(ci: Any) -> str:

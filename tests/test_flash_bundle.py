@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import sys
 import tarfile
@@ -167,13 +168,19 @@ def test_cli_bundle_flash_smoke_results_local(tmp_path):
     db, dest, out = tmp_path / "r.sqlite", tmp_path / "board" / "digits", tmp_path / "d.tar.gz"
     run = CliRunner().invoke
     try:
-        assert run(app, ["bundle", str(digits_build()), "-o", str(out), "--results-db", str(db)]).exit_code == 0
+        r = run(app, ["bundle", str(digits_build()), "-o", str(out), "--results-db", str(db)])
+        # bundle and smoke count the same files: those the manifest lists (and hashes), the manifest beside them
+        listed = bundle_file_count() - 1
+        assert r.exit_code == 0 and f" {listed} files + manifest.json" in r.output, r.output
+        assert re.search(r"\([\d,]+(\.\d)? (B|KB|MB|GB): ", r.output), r.output  # the one size format
         r = run(app, ["flash", str(out), "--board", "host", "--dest", str(dest), "--results-db", str(db)])
         assert r.exit_code == 0 and "(local)" in r.output and f"{bundle_file_count()} sent" in r.output, r.output
         # no --python: on the host board the smoke test runs in the Python edgekit runs in (the README's path)
         r = run(app, ["smoke", str(out), "--dest", str(dest), "--results-db", str(db), "--json"])
         assert r.exit_code == 0, r.output
         assert json.loads(r.output)["passed"] is True
+        integrity = next(c for c in json.loads(r.output)["checks"] if c["name"] == "integrity")
+        assert integrity["detail"] == f"all {listed} files the manifest lists match their sha256", integrity
         r = run(app, ["results", "--results-db", str(db), "--kind", "smoke"])
         assert r.exit_code == 0 and "smoke" in r.output and "bundle" not in r.output.split("results:")[1].split("\n", 1)[1]
         r = run(app, ["flash", str(out), "--board", "nvidia/jetson-orin-nano-8gb", "--results-db", str(db)])

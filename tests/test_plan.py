@@ -17,6 +17,7 @@ from edgekit.errors import ProfileError
 from edgekit.costmodel import FUSED_OPS, Candidate, calibrated, estimate
 from edgekit.planner import Budgets, PlanError, candidates, choose
 from edgekit.profiles import list_boards, load_board, load_target
+from edgekit.units import fmt_mb
 
 sys.path.insert(0, str(Path(__file__).parent / "support"))  # plan_nets:mobilenetv2
 
@@ -102,6 +103,31 @@ def test_ram_budget_forces_int8_on_orin(digits_stats):
     assert p.precision == "int8" and p.candidate.prune_ratio == 0 and p.candidate.sparsity is None
     assert "RAM budget" in p.reason
     assert p.choice.fits and p.choice.estimate.ram_mb <= budgets.ram_mb
+    # candidates KB apart on a 300 MB runtime: the reason's figures keep the decimals that tell them apart
+    figs = re.findall(r"([\d,]+(?:\.\d+)?) MB", p.reason)
+    assert len(figs) == 3 and len(set(figs)) == 3, p.reason
+
+
+def test_pareto_plot_integer_colour_bar_and_a_legend_of_what_is_drawn(digits_stats, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from edgekit import report_html
+
+    monkeypatch.setattr(report_html, "_png", lambda fig: fig)
+    b = load_board("jetson-orin-nano-8gb")
+    everything = choose(None, b, "jetson", stats=digits_stats, use_calibration=False)
+    fastest = min(s.estimate.latency_ms for s in everything.candidates)
+    only_one = choose(None, b, "jetson", Budgets.for_board(b, latency_ms=fastest * 1.000001), stats=digits_stats,
+                      use_calibration=False)
+    for p in (everything, only_one):
+        fig = report_html.pareto(p)
+        ax, cax = fig.axes
+        ticks = cax.get_yticks()
+        assert len(ticks) and all(float(t).is_integer() for t in ticks), ticks  # a whole-number rank
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        drawn = {ln.get_label(): len(ln.get_xdata()) for ln in ax.get_lines()}
+        assert "Pareto front (fits)" not in labels or drawn["Pareto front (fits)"] > 1, labels  # a line, not a dot
+    # what fits there ties on latency: a front of one point, which has no line, so no legend entry
+    assert "Pareto front (fits)" not in [t.get_text() for t in report_html.pareto(only_one).axes[0].get_legend().get_texts()]
 
 
 def test_latency_budget_forces_pruning(mnv2_stats):
@@ -232,7 +258,10 @@ def test_cli_plan_figures_are_readable_and_explained(digits, monkeypatch):
     assert "binds" not in r.stdout  # a fitting candidate is never said to bind
     rows = [ln for ln in r.stdout.splitlines() if "/ 7W " in ln or "/ 25W " in ln]
     assert rows and all(("yes (" in ln) != ("no: power" in ln) for ln in rows), rows
-    assert re.search(r"tightest: RAM at \d+% of [\d,]+ MB \(runtime [\d,]+ MB \+ model 0\.\d+ MB\)", r.stdout)
+    # one size format: one decimal at most, a small model's share in KB
+    assert re.search(r"tightest: RAM at \d+% of [\d,]+(\.\d)? MB \(runtime [\d,]+(\.\d)? MB \+ model \d+(\.\d)? KB\)",
+                     r.stdout), r.stdout
+    assert not re.search(r"\d\.\d\d+ (MB|KB)", r.stdout), r.stdout
 
 
 def test_cli_plan_impossible_budget_exit_2(digits):
@@ -264,8 +293,9 @@ def test_convert_precision_auto_uses_the_plan(digits, tmp_path):
     mode = man["plan"]["power_mode"]
     assert f"Power mode **{mode}** ({b.power_modes[mode].power_w:g} W), chosen by the planner." in report
     est, budget = man["plan"]["estimate"]["ram_mb"], man["budgets"]["ram_mb"]
-    assert f"| RAM, whole process | {est:,.4g} MB | {budget:,.6g} MB |" in report
-    assert f"| · runtime overhead | {b.runtime_overhead_mb:,.4g} MB |" in report
+    assert f"| RAM, whole process | {fmt_mb(est)} | {fmt_mb(budget)} |" in report  # the one size format
+    assert f"| · runtime overhead | {fmt_mb(b.runtime_overhead_mb)} |" in report
+    assert re.search(r"\| · model \(weights \+ activations\) \| \d+(\.\d)? KB \|", report), report
     # a user-chosen precision still carries the estimate (for recalibration from smoke results)
     res2 = convert(str(digits["model"]), target="jetson", out=tmp_path / "c", board="jetson-nano-4gb", precision="fp16")
     assert res2.manifest["plan"]["chosen_by"] == "user"

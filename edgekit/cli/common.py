@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from edgekit.quiet import terminal
-from edgekit.report_md import fmt_size as mb  # noqa: F401 - the one size format, for the command modules
+from edgekit.units import fmt_bytes as mb  # noqa: F401 - the one size format, for the command modules
 
 # typer writes a type beside every option, `<bool>` beside a flag too, where it only takes help room: a flag takes
 # no value, so nothing is shown. A typer without this method keeps its own display (help stays correct).

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import app, console, err, fit
+from edgekit.cli.common import app, console, err, fit, mb
 from edgekit.errors import EdgekitError
 
 DbOpt = Annotated[Path | None, typer.Option("--results-db", help="results SQLite file (default: user data dir; env EDGEKIT_RESULTS_DB)")]
@@ -59,8 +59,9 @@ def bundle(
     out = out or Path(f"{read_manifest(build_dir).name}.tar.gz")
     path, man = make_bundle(build_dir, out)
     _record("bundle", **results.manifest_fields(man), path=str(path), bytes=path.stat().st_size, files=len(man.files))
-    console.print(f"[bold green]bundle[/] {path} ({path.stat().st_size:,} bytes, {len(man.files) + 1} files, "
-                  f"board {man.board.id}, {man.precision})")
+    n = len(man.files)  # the files the manifest lists and hashes (what the smoke test's integrity check counts)
+    console.print(f"[bold green]bundle[/] {path} ({mb(path.stat().st_size)}: {n} file{'s' if n != 1 else ''} + "
+                  f"manifest.json, board {man.board.id}, {man.precision})")
 
 
 @app.command()

@@ -38,6 +38,7 @@ def plan(
 ) -> None:
     """Choose precision, pruning and power mode for MODEL on a board from its budgets (estimates first)."""
     from edgekit.planner import BUDGET_NAMES, Budgets, analyze, choose, fmt_budget, plan_target
+    from edgekit.units import fmt_mb
     from edgekit.refine import refine
     from edgekit.fsutil import work_dir
     from edgekit.profiles import load_board
@@ -77,7 +78,7 @@ def plan(
                   + ("  [dim](calibrated cost model)[/]" if p.calibrated else ""), highlight=False)
     t = Table(title="candidates (estimates; RAM is the model's, each adds the runtime's "
                     f"{fmt_budget('ram_mb', overhead)})", title_justify="left")
-    for col, just in (("candidate", "left"), ("model RAM MB", "right"), ("storage MB", "right"),
+    for col, just in (("candidate", "left"), ("model RAM", "right"), ("storage", "right"),
                       ("latency ms", "right"), ("energy mJ", "right"), ("fits", "left")):
         t.add_column(col, justify=just, no_wrap=col == "candidate")
     chosen = p.choice.estimate.candidate
@@ -87,7 +88,7 @@ def plan(
         # a fitting candidate names the budget it comes closest to; one that does not, what it exceeds
         fits = (f"[green]yes[/] ({BUDGET_NAMES[s.binding]} {s.usage[s.binding]:.0%})" if s.fits else
                 "[red]no: " + ", ".join(f"{BUDGET_NAMES[k]} +{fmt_budget(k, v)}" for k, v in s.over.items()) + "[/]")
-        t.add_row(e.candidate.label, f"{e.ram_mb - e.runtime_overhead_mb:.4g}", f"{e.storage_mb:.4g}",
+        t.add_row(e.candidate.label, fmt_mb(e.ram_mb - e.runtime_overhead_mb), fmt_mb(e.storage_mb),
                   f"{e.latency_ms:.4g}", f"{e.energy_mj:.4g}", fits + mark)
     fit(t)
     console.print(t)

@@ -41,6 +41,12 @@ def check_integrity(bundle, manifest):
     return bad
 
 
+def fmt_mb(v):
+    """MB as edgekit prints them (edgekit.units.fmt_mb from 1 MB up): one decimal at most, thousands separated."""
+    s = format(v, ",.1f")  # no str.removesuffix: a board's Python may be 3.6
+    return s[:-2] if s[-2:] == ".0" else s
+
+
 def peak_rss_mb():
     # /proc VmHWM belongs to this process image; ru_maxrss survives exec and would report the
     # parent's peak when run from a big process (a test runner, an IDE, ssh's shell)
@@ -376,7 +382,8 @@ class Smoke(object):
     def integrity(self):
         bad = check_integrity(self.bundle, self.manifest)
         self.add("integrity", not bad,
-                 "; ".join(bad) if bad else "%d files match manifest sha256" % len(self.manifest["files"]))
+                 "; ".join(bad) if bad else "all %d files the manifest lists match their sha256"
+                 % len(self.manifest["files"]))
         return not bad
 
     def loaded(self, name):
@@ -431,9 +438,9 @@ class Smoke(object):
         rss = peak_rss_mb()
         self.result["peak_rss_mb"] = rss
         budget = self.budgets.get("ram_mb")
-        shown = "%.1f" % rss if rss is not None else "unknown"
+        shown = fmt_mb(rss) if rss is not None else "unknown"
         if judge and rss is not None and budget:
-            self.add("memory", rss <= budget, "peak RSS %s MB; budget %.0f MB" % (shown, budget), budget_mb=budget)
+            self.add("memory", rss <= budget, "peak RSS %s MB; budget %s MB" % (shown, fmt_mb(budget)), budget_mb=budget)
         else:
             self.add("memory", None, "peak RSS %s MB%s" % (shown, note))
 
