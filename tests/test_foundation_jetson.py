@@ -153,11 +153,11 @@ def test_device_runner_catches_corruption_and_bad_outputs(builds, tmp_path):
     assert proc.returncode == 1
     assert "model.onnx: sha256 differs" in proc.stdout
 
-    # golden outputs that the model does not produce: the golden check must fail
+    # golden outputs that the model does not produce (every class turned around): the golden check must fail
     shutil.rmtree(bundle)
     shutil.copytree(builds["fp32"].out_dir, bundle)
     g = dict(np.load(bundle / "golden.npz"))
-    g["output_0"] = g["output_0"] + 5.0
+    g["output_0"] = -g["output_0"]
     np.savez(bundle / "golden.npz", **g)
     man = json.loads((bundle / "manifest.json").read_text())
     man["files"]["golden.npz"]["sha256"] = sha256_file(bundle / "golden.npz")

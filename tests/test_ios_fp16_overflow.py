@@ -62,8 +62,9 @@ def test_fp16_sensitive_ops_stay_fp32_only_those(tmp_path):
     p = tmp_path / "head.pt2"
     torch.export.save(torch.export.export(Head().eval(), (torch.zeros(1, 32),)), str(p))
     np.savez(tmp_path / "x.npz", x=np.random.default_rng(0).standard_normal((48, 32)).astype(np.float32))
+    # the probabilities' max error decides (the class alone is kept by fp16 here: the user asks for the values)
     res = convert(p, target="ios", precision="fp16", calib=str(tmp_path / "x.npz"), golden_count=16,
-                  out=tmp_path / "o", fail_on_verification=False)
+                  out=tmp_path / "o", fail_on_verification=False, tolerance={"max_error_decides": True})
     kept = res.manifest["artifact"]["fp32_ops"]
     assert res.verification.passed, res.verification.failures
     assert 1 <= len(kept) <= 3 and any("softmax" in why for why in kept.values()), kept
