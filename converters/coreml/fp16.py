@@ -77,6 +77,7 @@ def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarr
     tol = (None if w8a8 else job.target.tolerances.get("fp16")) or job.target.tolerances[job.precision]
     tight = tol.model_dump()
     tight["max_rel_error"] *= FP16_MARGIN
+    tight["max_error_decides"] = True  # a screen of fp16's numeric error: the values decide, not only the class
     if tight.get("min_snr_db") is not None:
         tight["min_snr_db"] += 6
     kinds = job.output_kinds
