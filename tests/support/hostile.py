@@ -189,7 +189,7 @@ def cases() -> list[Case]:
         calib_case("calib_npy_header_1e12", r"expands to .*MB.*limit", lambda p, m: npy_header_bomb(p, 10**12)),
         calib_case("calib_truncated", r"not a readable \.npz",
                    lambda p, m: p.write_bytes(npz(p, x=x()).read_bytes()[:300])),
-        calib_case("calib_over_lowered_limit", r"over the 0 MB limit", lambda p, m: npz(p, x=x()),
+        calib_case("calib_over_lowered_limit", r"expands to 8.2 KB, over the 1 KB limit", lambda p, m: npz(p, x=x()),
                    extra=["--max-data-mb", "0.001"]),
         calib_case("calib_missing", r"no such file", lambda p, m: p),
         calib_case("eval_labels_strings", r"'label' has dtype <U", lambda p, m: npz(p, x=x(), label=np.array(["a"] * 32)),
