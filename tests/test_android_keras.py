@@ -142,14 +142,9 @@ def test_bundle_runner_on_host(keras_int8):
 
 
 def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """The real CLI entry point, in this process (TensorFlow is imported once for the module)."""
-    from edgekit.cli import main
+    from cli_in_process import run_cli  # tests/support (on sys.path from conftest)
 
-    monkeypatch.setattr(sys, "argv", ["edgekit", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
+    return run_cli(monkeypatch, capsys, *args)
 
 
 def test_inspect_keras_op_report(kd, monkeypatch, capsys):

@@ -38,14 +38,9 @@ def k2(tmp_path_factory) -> dict[str, Path]:
 
 
 def _cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    """The real CLI entry point, in this process."""
-    from edgekit.cli import main
+    from cli_in_process import run_cli  # tests/support (on sys.path from conftest)
 
-    monkeypatch.setattr(sys, "argv", ["edgekit", *args])
-    with pytest.raises(SystemExit) as exc:
-        main()
-    out = capsys.readouterr()
-    return int(exc.value.code or 0), out.out, out.err
+    return run_cli(monkeypatch, capsys, *args)
 
 
 def test_keras3_refuses_the_h5_and_edgekit_reads_it_with_tf_keras(k2):

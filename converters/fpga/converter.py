@@ -57,7 +57,8 @@ class Hls4mlConverter:
         import onnx
 
         proto = onnx.load(str(clean))
-        gm, layers = fg.standardize(fg.to_torch(proto, str(job.model.source)), proto, calib)
+        gm, layers = fg.standardize(fg.to_torch(proto, str(job.model.source)), proto, calib,
+                                    job.target.missing_ops)
         is_cnn = any("conv" in lay["kind"] for lay in layers)  # streamed channels-last (io_stream)
         po2 = job.options.get("fpga_scales", "po2") == "po2"
         if not po2:

@@ -37,19 +37,6 @@ KEEP = ("Conv1d", "Conv2d", "Linear", "ReLU", "ReLU6", "Hardtanh", "MaxPool1d", 
         "BatchNorm1d", "BatchNorm2d", "LeakyReLU")
 # activations hls4ml computes from lookup tables: not bit-exact against the exact function, so only at the output
 TABLE_OPS = {"Sigmoid": "sigmoid", "Softmax": "softmax", "OnnxSoftmaxV1V11": "softmax", "Tanh": "tanh"}
-# ops with no hls4ml layer behind them (hls4ml 1.3's ONNX front end), by ONNX op name
-HLS4ML_LACKS = {
-    "HardSigmoid": "HardSigmoid (hls4ml 1.3's ONNX front end skips it: fastmachinelearning/hls4ml#409)",
-    "HardSwish": "HardSwish",
-    "Gather": "Gather", "Slice": "Slice", "Max": "Max with a constant (its Max merges two tensors)",
-    "GreaterOrEqual": "GreaterOrEqual", "If": "If (control flow)", "Log": "Log", "Floor": "Floor",
-    "DynamicQuantizeLinear": "DynamicQuantizeLinear (quantize the float model instead)", "Split": "Split", "Shape": "Shape", "Expand": "Expand",
-    "ReduceMean": "ReduceMean over other axes than the spatial ones (a mean over H, W is a global pool and is taken)", "ReduceSum": "ReduceSum", "ReduceMax": "ReduceMax", "Pow": "Pow", "Sqrt": "Sqrt",
-    "Erf": "Erf", "LayerNormalization": "LayerNormalization (in its ONNX front end)", "Einsum": "Einsum",
-    "InstanceNormalization": "InstanceNormalization", "Where": "Where", "Cast": "Cast", "Exp": "Exp",
-    "LSTM": "an ONNX LSTM layer (its LSTM/GRU come from Keras and PyTorch models only)",
-    "GRU": "an ONNX GRU layer", "ConvTranspose": "ConvTranspose (in its ONNX front end)",
-}
 
 
 def _clean(name: str) -> str:
@@ -103,8 +90,9 @@ def prepare(proto) -> None:
     proto.graph.node.extend(nodes)
 
 
-def standardize(gm, proto, example: np.ndarray):
-    """``gm`` (onnx2torch) rewritten into torch modules and functions brevitas' graph quantizer maps; the layer
+def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | None = None):
+    """``missing_ops``: the target profile's ONNX op -> why hls4ml cannot build it (``targets/fpga.toml``).
+``gm`` (onnx2torch) rewritten into torch modules and functions brevitas' graph quantizer maps; the layer
     list (name, kind) for the manifest. Refuses an op hls4ml cannot build, naming it."""
     torch = require("torch")
     from torch import fx, nn
@@ -279,10 +267,10 @@ def standardize(gm, proto, example: np.ndarray):
             table = nn.Sigmoid() if kind == "sigmoid" else nn.Softmax(dim=-1)  # TableActivation after quantizing
             env[node.name] = add(str(node.target), table, ins, kind)
         else:
-            what = HLS4ML_LACKS.get(onnx_op)
+            what = (missing_ops or {}).get(onnx_op)
             if what:
-                raise UnsupportedOpError(f"{onnx_op} {node.target}: hls4ml has no {what}; the FPGA target cannot "
-                                         "build it (run it on the host before the fabric, or replace it)")
+                raise UnsupportedOpError(f"{onnx_op} {node.target}: {what}; the FPGA target cannot build it (run it "
+                                         "on the host before the fabric, or replace it)")
             raise UnsupportedOpError(
                 f"{onnx_op} {node.target}: not mapped onto the fabric by edgekit (the quantized graph would not pass "
                 "hls4ml's QONNX front end); replace it, or convert for another target")
