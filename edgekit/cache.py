@@ -16,6 +16,8 @@ Layout under the cache folder (``--cache-dir``, ``$EDGEKIT_CACHE_DIR``, else ``c
     builds/<key>/build/...      the verified output folder, as written (manifest.json lists every file's sha256)
     builds/<key>/entry.json     what ``edgekit cache ls`` shows, and the result's stats / notes; its mtime = last use
     analysis/<key>/...          the float export and analysis of one model for one target (no precision in the key)
+    sensitivity/<key>/entry.json  the INT8 layer search's scores of one model and calibration data for one target's
+                                scheme (no board in the key; edgekit.mixed.scores)
 
 Entries are written into a locked temporary sibling and renamed into place, so two processes sharing the folder
 never see half an entry; a hit re-checks every file's sha256 and drops an entry that no longer matches.
@@ -338,7 +340,7 @@ def _remove(entry_dir: Path) -> None:
 @dataclass
 class Entry:
     path: Path
-    kind: str  # build | analysis
+    kind: str  # build | analysis | sensitivity
     key: str
     model: str
     target: str
@@ -353,7 +355,7 @@ def entries(cache_dir: str | Path | None = None) -> list[Entry]:
     """Every complete entry in the cache, least recently used first."""
     root = cache_root(cache_dir)
     found = []
-    for kind in ("builds", "analysis"):
+    for kind in ("builds", "analysis", "sensitivity"):
         folder = root / kind
         if not folder.is_dir():
             continue
@@ -364,7 +366,7 @@ def entries(cache_dir: str | Path | None = None) -> list[Entry]:
                 used = meta_path.stat().st_mtime
             except (OSError, ValueError):
                 continue  # a temporary sibling being written, or not ours
-            found.append(Entry(d, "analysis" if kind == "analysis" else "build", d.name, meta.get("model", "?"),
+            found.append(Entry(d, "build" if kind == "builds" else kind, d.name, meta.get("model", "?"),
                                meta.get("target", "?"), meta.get("board") if kind == "builds" else None,
                                meta.get("precision"), int(meta.get("bytes") or 0), meta.get("built_utc"), used))
     return sorted(found, key=lambda e: e.last_used)

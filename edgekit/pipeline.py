@@ -108,7 +108,9 @@ def convert(
     the target's tolerances (``{"max_accuracy_drop_points": 2}``; `edgekit matrix` per-cell overrides).
 
     A build verified before with the same inputs comes from the build cache (:mod:`edgekit.cache`; ``cache=False``
-    rebuilds, ``cache_dir`` overrides its folder) without loading any ML framework.
+    rebuilds, ``cache_dir`` overrides its folder) without loading any ML framework. The mixed-precision search's
+    sensitivity scores are kept there too (:mod:`edgekit.mixed.scores`): another build of the same model with the
+    same calibration data reuses them (``cache=False`` neither reads nor writes them).
 
     What the toolchains print is captured into the build's ``toolchain.log`` (shown live too with
     ``verbose``); ``log``, ``warn`` and ``on_stage`` are edgekit's own messages. ``on_stage`` also hears
@@ -186,7 +188,10 @@ def convert(
 
                 checked = check(artifact)
             with clock.stage("mixed"):
-                artifact, checked = stages.mixed(job, conv, artifact, checked, prep, tol, check, strict, log, _warn)
+                artifact, checked = stages.mixed(
+                    job, conv, artifact, checked, prep, tol, check, strict, log, _warn,
+                    step=lambda name, msg: on_stage(f"mixed/{name}", msg),
+                    scores=build_cache.cache_root(cache_dir) if cache else None)  # sensitivity scores, beside builds
                 # the build this stage ends with, once, against the float model a fine-tuned model came from
                 stages.against_original(ing.model, lambda: conv.host_runner(job, artifact), prep, tol,
                                         planned.precision, checked.verification, reference)

@@ -168,8 +168,12 @@ def _mixed_layers(art: dict[str, Any]) -> list[str]:
     unshown = ("" if shown else
                " All-INT8 passes the checks on these samples, so layers were kept by the output SNR they gain there "
                "and each set re-verified on the golden samples.")
+    stopped = f"; stopped: {mp['stopped']}" if mp.get("stopped") else ""
+    cached = mp.get("scores_from_cache")
+    if cached:
+        stopped += (f"; sensitivity scores of {cached['layers']} layers from the cache, saved {cached['saved_s']:.1f} s")
     lines += [failed + f"Searched on {mp['search_samples']} calibration samples ({mp['builds']} builds, "
-              f"{mp['seconds']:.1f} s): output SNR {mp['snr_db_before']:.1f} dB all-INT8 → "
+              f"{mp['seconds']:.1f} s{stopped}): output SNR {mp['snr_db_before']:.1f} dB all-INT8 → "
               f"{mp['snr_db_after']:.1f} dB with {len(mp['kept'])} layer(s) kept {mp['keeps_as']}.{unshown} Re-verification: "
               f"**{'passed' if mp['passed_after'] else 'FAILED'}**"
               + (" (the int8 build; the last step below)." if mp.get("activations16") else " (the table above).")]

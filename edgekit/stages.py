@@ -324,18 +324,21 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], prep: Prepared, tol
 
 def mixed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked, prep: Prepared, tol: Tolerance,
           reverify: Callable[[Artifact], Checked], strict: bool, log: Callable[[str], None],
-          warn: Callable[[str], None]) -> tuple[Artifact, Checked]:
+          warn: Callable[[str], None], step: Callable[[str, str], None] = lambda n, m: None,
+          scores: Path | None = None) -> tuple[Artifact, Checked]:
     """mixed: an INT8 build that failed verification (unless ``strict``) gets the mixed-precision fallback
     (edgekit.mixed.fallback: the fewest sensitive layers kept at higher precision, verified again with
     ``reverify``), driven by what the registry declares the converter offers (``ConverterInfo.mixed``). Any other
-    build passes through as verified."""
+    build passes through as verified. ``step``: the search's sub-steps (progress, time left); ``scores``: the cache
+    folder holding sensitivity scores (edgekit.mixed.scores; None: not cached)."""
     offers = converter_info(job.target.converter).mixed
     v = checked.verification
     if v.passed or not v.outputs or strict or job.precision != "int8" or not offers:
         return artifact, checked
     from edgekit.mixed.fallback import fallback
 
-    return fallback(job, converter, artifact, checked, prep.kinds, tol, reverify, log, warn, offers=offers)
+    return fallback(job, converter, artifact, checked, prep.kinds, tol, reverify, log, warn, offers=offers,
+                    progress=step, scores=scores)
 
 
 def speed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked,

@@ -344,3 +344,90 @@ def test_a_build_that_keeps_most_layers_and_passes_is_a_mixed_build_not_a_failur
     assert not v.passed and "2 of 3 quantized layers" in v.failures[0] and "still fails" in v.failures[0]
     assert "--precision fp16" in v.failures[0] and v.failures[1] == "golden fails"
     assert "mostly_higher_precision" not in art.meta["mixed_precision"]
+
+
+def test_the_time_left_is_said_in_words_that_fit_80_columns(monkeypatch):
+    """The search's progress (edgekit.mixed.eta): the time left is the mean measured step times the steps left,
+    never more than the budget left, said as '~12 s left'; a step's message fills the live display's bar and reads
+    'layer 4 of 16, ~12 s left' whole in an 80-column terminal, and a log (not a terminal) gets no line per count,
+    one line per finished row."""
+    import io
+    import re
+
+    from rich.console import Console
+
+    from edgekit.cli import progress
+    from edgekit.mixed.eta import left_text, seconds_left, step_msg, step_text
+
+    assert seconds_left([], 5, 100.0) is None  # nothing measured yet: no estimate
+    assert seconds_left([2.0, 4.0], 5, 100.0) == 15.0
+    assert seconds_left([2.0, 4.0], 5, 10.0) == 10.0  # bounded by the budget left
+    assert seconds_left([2.0], 5, -3.0) == 0.0 and seconds_left([2.0], 0, 100.0) == 0.0
+    assert [left_text(s) for s in (None, 0.4, 12.4, 89.0, 200.0)] == [
+        "", "<1 s left", "~12 s left", "~89 s left", "~3 min left"]
+    assert step_text(4, 16, 12.0) == "layer 4 of 16, ~12 s left" and step_text(1, 16, None) == "layer 1 of 16"
+    assert step_text(2, 5, 30.0, unit="step") == "step 2 of 5, ~30 s left"
+    assert step_msg(4, 16, 12.0) == "3/16: layer 4 of 16, ~12 s left"
+
+    widest = step_msg(118, 120, 3540.0)  # "117/120: layer 118 of 120, ~59 min left"
+    buf = io.StringIO()
+    monkeypatch.setattr(progress, "err", Console(file=buf, width=80, force_terminal=True, color_system=None))
+    with progress.StageProgress(live=True) as p:
+        p.on_stage("mixed", "start")
+        p.on_stage("mixed/sensitivity", "start")
+        p.on_stage("mixed/sensitivity", widest)
+    lines = [ln for ln in re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue()).replace("\r", "\n").splitlines()
+             if ln.strip()]
+    assert any("sensitivity" in ln and "layer 118 of 120, ~59 min left" in ln for ln in lines), lines
+    assert max(len(ln) for ln in lines) <= 80 and "117/120" not in buf.getvalue(), lines
+
+    buf = io.StringIO()
+    monkeypatch.setattr(progress, "err", Console(file=buf, width=80, color_system=None))  # a log file
+    with progress.StageProgress(live=True) as p:
+        p.on_stage("mixed/sensitivity", "start")
+        for i in range(1, 9):
+            p.on_stage("mixed/sensitivity", step_msg(i, 8, 2.0 * (8 - i)))
+        p.on_stage("mixed/sensitivity", "1.23 s")
+    assert buf.getvalue().splitlines() == ["✓   sensitivity 1.23 s"], buf.getvalue()
+
+
+def test_a_search_given_its_scores_builds_nothing_and_says_why_it_stopped():
+    """keep_fewest with the scores a search measured before (the sensitivity cache's, edgekit.mixed.scores): the
+    same answer with no build, and the outcome counts what it reused and what that had cost. Each phase reports its
+    steps (one message per step, the time left after the first measured one) and its end; the outcome and the last
+    log line say why the search stopped."""
+    import numpy as np
+
+    from edgekit.mixed.search import FOUND, SPREAD, Layer, Search, keep_fewest
+
+    noise = {"a": 0.5, "b": 0.02, "c": 0.0}
+    ref, outputs = _noise_model(0, noise)
+
+    def passes(got):
+        return float(np.max(np.abs(got[0] - ref[0]))) < 0.1
+
+    def layers():
+        return [Layer("c", "Conv", 20.0), Layer("b", "Conv", 30.0), Layer("a", "Gemm", 35.0)]
+
+    scores, steps, logged = {}, [], []
+    first = keep_fewest(Search(layers(), outputs, ref, "float"), passes, scores=scores,
+                        step=lambda n, m: steps.append((n, m)), log=logged.append)
+    assert [k.name for k in first.kept] == ["a"] and first.builds == 4 and first.stopped == FOUND
+    assert set(scores) == {(), ("c",), ("b",), ("a",)} and all(s["s"] >= 0 for s in scores.values())
+    assert first.reused == 0 and logged[-1].endswith("stopped: answer found"), logged
+    msgs = [m for n, m in steps if n == "sensitivity"]
+    assert msgs[0] == "start" and msgs[1] == "0/3: layer 1 of 3, " + msgs[1].split(", ", 1)[1]
+    assert msgs[1:4] == [m for m in msgs if "/3: layer" in m] and msgs[-1].endswith(" s"), msgs  # one per step
+
+    def no_build(kept):
+        raise AssertionError(f"built {kept}: the scores were given")
+
+    again = keep_fewest(Search(layers(), no_build, ref, "float"), passes, scores=scores)
+    assert [k.name for k in again.kept] == ["a"] and again.builds == 0 and again.reused == 4
+    assert again.reused_layers == 3 and again.saved_s == round(sum(s["s"] for s in scores.values()), 2)
+
+    names = [f"l{i}" for i in range(60)]  # the error spread over the model: an early stop, said so
+    ref, outputs = _noise_model(0, dict.fromkeys(names, 0.01))
+    out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], outputs, ref, "float"),
+                      lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1, log=logged.append)
+    assert out.spread and out.stopped == SPREAD and logged[-1].endswith(f"stopped: {SPREAD}")

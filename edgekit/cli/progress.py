@@ -40,10 +40,11 @@ class StageProgress:
 
     def on_stage(self, name: str, msg: str) -> None:
         """The pipeline's ``on_stage``: ``name`` is a stage or ``stage/sub-step``; ``msg`` is "start", a count
-        "3/16" or the time taken."""
+        "3/16", a count with the row's words "3/16: layer 4 of 16, ~12 s left" (edgekit.mixed.eta), or the time
+        taken. Counts show only in the live display: a log gets one line per finished row."""
         sub = "/" in name
         label = ("  " + name.split("/", 1)[1]) if sub else name
-        count = re.fullmatch(r"(\d+)/(\d+)", msg)
+        count = re.fullmatch(r"(\d+)/(\d+)(?:: (.+))?", msg)
         if self.progress is None:
             if msg != "start" and not count:
                 err.print(f"[green]✓[/] {label:<12} {msg}", highlight=False)
@@ -52,7 +53,7 @@ class StageProgress:
         if name not in self.rows:
             self.rows[name] = p.add_task(label, total=None, status="")
         if count:
-            p.update(self.rows[name], completed=int(count[1]), total=int(count[2]), status=msg)
+            p.update(self.rows[name], completed=int(count[1]), total=int(count[2]), status=count[3] or msg)
         elif msg != "start":
             p.update(self.rows[name], completed=1, total=1, status=msg)
             p.stop_task(self.rows[name])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -12,9 +13,11 @@ import numpy as np
 from edgekit.converters.capabilities import (ACTIVATIONS16, GROUP, LAYERS, UNSEARCHABLE, Activations16, LayerSearch,
                                              Unsearchable, offered)
 from edgekit.errors import ConversionError, UnsupportedOpError
+from edgekit.mixed.scores import ScoreStore
 from edgekit.mixed.search import (
     A16_SEARCH_BUDGET_S,
     A16_SEARCH_MAX_VERIFY_S,
+    BUDGET,
     MAX_KEPT_SHARE,
     MIN_GAIN_DB,
     PLOT,
@@ -32,7 +35,8 @@ def _first(failures: list[str]) -> str:
 
 def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
              reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None], *,
-             offers: frozenset[str], extra_steps: int = 4) -> tuple[Any, Any]:
+             offers: frozenset[str], extra_steps: int = 4, progress: Callable[[str, str], None] = lambda n, m: None,
+             scores: Path | None = None) -> tuple[Any, Any]:
     """An INT8 build failed verification (``checked``); ``offers``: the mixed-precision capabilities the
     registry declares for ``conv`` (``ConverterInfo.mixed``, :mod:`edgekit.converters.capabilities`). Where it
     offers a group of layers to keep first (``group``: android's LSTMs written out in int8), the build again with
@@ -41,12 +45,14 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
     android's 16x8), the build again with every activation int16, re-verified, and where that fails, the same
     layer search on the 16x8 build. Returns the new (artifact, checked); the artifact's meta gets
     ``mixed_precision`` (with ``group``: the first step, ``activations16``: the last) and its notes one line per
-    kept layer."""
+    kept layer. ``progress(name, msg)``: the search's progress (its phases and the time left, :mod:`edgekit.mixed.eta`);
+    ``scores``: the cache folder whose sensitivity scores the int8 layer search reuses and adds to
+    (:mod:`edgekit.mixed.scores`; None: --no-cache)."""
     layers = offered(conv, offers, LAYERS)
     if layers is None:  # nothing to search: the build stays as verified
         return artifact, checked
     artifact, checked = _fallback(job, conv, offers, artifact, checked, kinds, tol, reverify, log, warn,
-                                  extra_steps)
+                                  extra_steps, progress, scores)
     wide = offered(conv, offers, ACTIVATIONS16)
     if checked.verification.passed or wide is None:
         return artifact, checked
@@ -59,7 +65,8 @@ def fallback(job: Any, conv: Any, artifact: Any, checked: Any, kinds: dict[str, 
         checked.verification.notes.append(f"mixed precision: 16-bit activations not tried ({why})")
         log(f"16-bit activations not tried: {why}")
         return artifact, checked
-    return _activations16(job, wide, artifact, checked, kinds, tol, reverify, log, warn)
+    return _activations16(job, wide, artifact, checked, kinds, tol, reverify, log, warn,
+                          lambda name, msg: progress(f"16x8 {name}", msg))
 
 
 class _A16Layers:
@@ -72,15 +79,15 @@ class _A16Layers:
 
 
 def _a16_layer_search(job: Any, conv: Activations16, wide: Any, again: Any, kinds: dict[str, str], tol: Any,
-                      reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
-                      ) -> tuple[Any, Any, dict[str, Any]]:
+                      reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+                      progress: Callable[[str, str], None]) -> tuple[Any, Any, dict[str, Any]]:
     """The 16x8 build failed verification too: the ops whose rounding causes it kept float in it (the same
     keep-fewest search as INT8's). Returns the (artifact, checked) it ends with and its record."""
     log(f"16x8 fails verification too ({_first(again.verification.failures)}): searching its ops to keep float")
     try:
         art, chk = _layer_fallback(job, _A16Layers(conv), None, wide, again, kinds, tol, reverify, log, warn, 4,
                                    label="the 16x8 build", plot_name=PLOT16,
-                                   budget_s=min(A16_SEARCH_BUDGET_S, job.search_budget_s))
+                                   budget_s=min(A16_SEARCH_BUDGET_S, job.search_budget_s), progress=progress)
     except (ConversionError, UnsupportedOpError) as exc:  # a search build ai-edge-quantizer could not write
         why = str(exc).split(": ", 1)[-1][:300]
         return wide, again, {"searched": False, "reason": why, "passed_after": False}
@@ -88,8 +95,8 @@ def _a16_layer_search(job: Any, conv: Activations16, wide: Any, again: Any, kind
 
 
 def _activations16(job: Any, conv: Activations16, artifact: Any, checked: Any, kinds: dict[str, str], tol: Any,
-                   reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None]
-                   ) -> tuple[Any, Any]:
+                   reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
+                   progress: Callable[[str, str], None]) -> tuple[Any, Any]:
     """The last step: every activation int16, weights int8 (TFLite's 16x8), and where that fails, its layer
     search. It replaces the failed build only where it passes verification; either way the record says what it
     measured, with both builds' host latency (16x8 runs on LiteRT's reference kernels: the cost the user pays
@@ -118,7 +125,8 @@ def _activations16(job: Any, conv: Activations16, artifact: Any, checked: Any, k
     searched = None
     if not again.verification.passed:
         if t_verify <= A16_SEARCH_MAX_VERIFY_S:
-            wide, again, searched = _a16_layer_search(job, conv, wide, again, kinds, tol, reverify, log, warn)
+            wide, again, searched = _a16_layer_search(job, conv, wide, again, kinds, tol, reverify, log, warn,
+                                                          progress)
         else:
             searched = {"searched": False, "passed_after": False,
                         "reason": f"one verification of the 16x8 build took {t_verify:.0f} s on this host (LiteRT's "
@@ -164,14 +172,15 @@ def _activations16(job: Any, conv: Activations16, artifact: Any, checked: Any, k
 
 def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checked: Any, kinds: dict[str, str],
               tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
-              extra_steps: int = 4) -> tuple[Any, Any]:
+              extra_steps: int = 4, progress: Callable[[str, str], None] = lambda n, m: None,
+              scores: Path | None = None) -> tuple[Any, Any]:
     """The group first (where offered and it applies), then the layer search on the build that still fails."""
     layers, unsearchable = offered(conv, offers, LAYERS), offered(conv, offers, UNSEARCHABLE)
     first = offered(conv, offers, GROUP)
     group = first.float_group(job, artifact) if first is not None else None
     if group is None:
         return _layer_fallback(job, layers, unsearchable, artifact, checked, kinds, tol, reverify, log, warn,
-                               extra_steps)
+                               extra_steps, progress=progress, scores=scores)
     options, what = group
     before = list(checked.verification.failures)
     warn(f"INT8 failed verification ({_first(before)}): building it again with {what} first (--strict fails "
@@ -191,7 +200,7 @@ def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checke
         return artifact, checked
     log(f"with {what}: verification still fails ({v.failures[0]}); searching its layers")
     artifact, checked = _layer_fallback(job, layers, unsearchable, artifact, checked, kinds, tol, reverify, log,
-                                        warn, extra_steps)
+                                        warn, extra_steps, progress=progress, scores=scores)
     artifact.meta["mixed_precision"].update(group=step, int8_verification_failures=before)
     artifact.notes.insert(0, f"mixed precision: {what} first (verification still failed: {v.failures[0]})")
     return artifact, checked
@@ -200,10 +209,12 @@ def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checke
 def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | None, artifact: Any, checked: Any,
                     kinds: dict[str, str], tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None],
                     warn: Callable[[str], None], extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT,
-                    budget_s: float | None = None) -> tuple[Any, Any]:
+                    budget_s: float | None = None, progress: Callable[[str, str], None] = lambda n, m: None,
+                    scores: Path | None = None) -> tuple[Any, Any]:
     """The layer search: search, rebuild with the kept layers (``conv.keep_layers``), re-verify with
     ``reverify(artifact)``; not run where ``unsearchable`` says this job's build path keeps no chosen layer.
-    ``label``: the build searched, as the messages name it."""
+    ``label``: the build searched, as the messages name it; ``scores``: the cache folder of the sensitivity scores
+    (:mod:`edgekit.mixed.scores`; None: not cached)."""
     from edgekit.verify import output_checks
 
     smoke = output_checks()
@@ -218,7 +229,9 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         return artifact, checked
     warn(f"{label[0].upper() + label[1:]} failed verification ({_first(before)}): searching for the layers that cause "
          "it (--strict fails instead)")
-    search = conv.mixed_search(job, artifact)
+    progress("sensitivity", "start")
+    store = ScoreStore.open(scores, job, artifact, tol, kinds, label, log) if scores is not None else None
+    search = store.search(lambda: conv.mixed_search(job, artifact)) if store else conv.mixed_search(job, artifact)
     names = [s.name for s in job.model.outputs]
     tol_d = tol.model_dump()
 
@@ -227,7 +240,18 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
     budget = job.search_budget_s if budget_s is None else budget_s
-    outcome = keep_fewest(search, passes, log=log, budget_s=budget)
+    before_search = set(store.scores) if store else set()
+    outcome = keep_fewest(search, passes, log=log, budget_s=budget, step=progress,
+                          scores=store.scores if store else None)
+    if store is not None:
+        if outcome.reused:
+            log(f"sensitivity scores from cache ({outcome.reused_layers} layer{'s' * (outcome.reused_layers != 1)}, saved "
+                f"{store.saved_s(outcome, search):.1f} s)")
+        try:
+            store.save(search, before_search)
+        except OSError as exc:  # a full or read-only cache never fails a build
+            log(f"sensitivity cache not updated: {exc}")
+    samples = search.samples()
     if outcome.spread:
         msg = (f"INT8 cannot hold this model on these inputs: no layer explains the failure (kept at higher "
                f"precision, {outcome.spread_why}; all-INT8: {outcome.snr_db_before:.1f} dB output SNR on the "
@@ -236,7 +260,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         warn(msg)
         checked.verification.failures.insert(0, msg)  # the verdict first: the zoo table shows 400 characters
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
-                                            "search_samples": int(len(search.reference[0])),
+                                            "search_samples": samples,
                                             "layers": len(search.layers), "passed_after": False}
         return artifact, checked
     if not outcome.kept:
@@ -251,7 +275,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         warn(msg)
         checked.verification.notes.append(msg)
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
-                                            "search_samples": int(len(search.reference[0])), "passed_after": False}
+                                            "search_samples": samples, "passed_after": False}
         return artifact, checked
     ranked = [lay for lay in sorted(search.layers, key=lambda x: x.local_sqnr_db) if lay not in outcome.kept]
     extra = ranked if outcome.in_rank_order else sorted(
@@ -290,6 +314,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         if outcome.seconds + time.perf_counter() - t0 > budget:  # each step is a whole build: the budget holds them
             log(f"re-verification failed with {len(outcome.kept)} kept; no more layers tried: the search's time "
                 f"budget ({budget:.0f} s, --search-budget) is spent")
+            outcome.stopped = f"{BUDGET} (re-verification)"
             break
         more -= 1
         outcome.kept.append(extra.pop(0))  # the search samples passed, the golden ones do not: one more layer
@@ -299,7 +324,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
                + f"); {label} stays failed")
         checked.verification.notes.append(msg)
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
-                                            "search_samples": int(len(search.reference[0])),
+                                            "search_samples": samples,
                                             "layers": len(search.layers), "unbuildable": unbuildable,
                                             "passed_after": False}
         return artifact, checked
@@ -331,7 +356,10 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
                   "times it, else measure it on the board)")
         warn(mostly)
     record = outcome.to_json()
-    record.update(int8_verification_failures=before, search_samples=int(len(search.reference[0])),
+    if store is not None and outcome.reused:
+        record["scores_from_cache"] = {"layers": outcome.reused_layers, "scores": outcome.reused,
+                                       "saved_s": store.saved_s(outcome, search)}
+    record.update(int8_verification_failures=before, search_samples=samples,
                   layers=layers_n, kept_share=round(share, 3), passed_after=v.passed)
     if mostly:
         record["mostly_higher_precision"] = mostly
@@ -344,7 +372,8 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         record["plot"] = plot_name
     artifact.meta["mixed_precision"] = record
     head = (f"mixed precision: {label} failed verification; {len(outcome.kept)} layer(s) kept at higher precision "
-            f"({outcome.builds} search builds, {outcome.seconds:.1f} s"
+            f"({outcome.builds} search builds, {outcome.seconds:.1f} s, stopped: {outcome.stopped}"
+            + (f"; {outcome.reused} sensitivity score(s) from the cache" if outcome.reused else "")
             + ("" if outcome.shown else "; all-INT8 passes on the calibration samples: kept by the output SNR gained "
                "there, checked on the golden samples") + "); re-verification "
             + ("passed" if v.passed else "passed, but no layer is left at INT8" if checks_ok else "still FAILS"))

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from edgekit.mixed.eta import Steps
 
 PLOT = "sensitivity.png"
 PLOT16 = "sensitivity-16x8.png"  # the 16x8 layer search's (android's last step)
@@ -63,6 +64,18 @@ class Search:
     # cause half of all-INT8's output noise and still gain nothing kept float alone)
     by_rank: bool = False
 
+    def samples(self) -> int:
+        """How many search samples ``outputs`` runs."""
+        return len(self.reference[0])
+
+
+# why a search stopped (Outcome.stopped), as the log and report say it
+FOUND = "answer found"
+BUDGET = "time budget spent"
+SPREAD = "early stop: the error is spread over the model"
+UNSHOWN = "early stop: all-INT8 passes the search samples"
+TRIED = "every candidate tried"
+
 
 @dataclass
 class Outcome:
@@ -79,6 +92,10 @@ class Outcome:
     spread_why: str = ""  # what was measured to say so
     shown: bool = True  # the search samples showed the failure (all-INT8 failed their checks)
     in_rank_order: bool = False  # kept: the ranked worst together (more are added in rank order too)
+    stopped: str = ""  # why the search stopped: FOUND, BUDGET, SPREAD, UNSHOWN, TRIED
+    reused: int = 0  # scores given before the search (the sensitivity cache, edgekit.mixed.scores) and used
+    reused_layers: int = 0  # ... of them, single layers kept alone (the sensitivity scan's)
+    saved_s: float = 0.0  # the time those scores took to measure when they were measured
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -164,22 +181,56 @@ MIN_GAIN_DB = 0.25
 GROUP_MIN_GAIN_DB = 1.0
 
 
-def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
-                max_kept: int = 16, log: Callable[[str], None] = lambda m: None, budget_s: float = 300.0) -> Outcome:
-    """Steps 1 and 2 of the module's procedure: the layers to keep, chosen on the search samples.
-    ``passes(outputs)``: the target's output checks on the search samples."""
-    t0 = time.perf_counter()
-    builds = 0
-    cache: dict[tuple[str, ...], tuple[float, bool]] = {}
+Score = dict[str, Any]  # a kept set's measurement: {"snr_db", "passed", "s" (seconds its build and run took)}
 
-    def score(kept: list[str]) -> tuple[float, bool]:
+
+def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int = 16,
+                max_kept: int = 16, log: Callable[[str], None] = lambda m: None, budget_s: float = 300.0,
+                scores: dict[tuple[str, ...], Score] | None = None,
+                step: Callable[[str, str], None] = lambda name, msg: None) -> Outcome:
+    """Steps 1 and 2 of the module's procedure: the layers to keep, chosen on the search samples.
+    ``passes(outputs)``: the target's output checks on the search samples. ``scores``: kept sets measured before
+    (sorted layer names -> :data:`Score`; the sensitivity cache, :mod:`edgekit.mixed.scores`), used instead of a
+    build, and filled with every set this search measures. ``step(name, msg)``: the progress of its two phases,
+    ``sensitivity`` (the scan: one build per layer kept alone) and ``keep layers`` (the steps that add layers),
+    each step with the time left (:mod:`edgekit.mixed.eta`). The outcome says how long the search took and why
+    it stopped (``stopped``); so does its last log line."""
+    t0 = time.perf_counter()
+    known = scores if scores is not None else {}
+    given = set(known)  # measured before this search
+    used: set[tuple[str, ...]] = set()
+    scan = Steps("sensitivity", step, t0 + budget_s / 2, clock=time.perf_counter)  # the scan: half the budget
+    keep = Steps("keep layers", step, t0 + budget_s, unit="step", clock=time.perf_counter)
+    out = _keep_fewest(search, passes, measure, max_kept, log, budget_s, t0, known, used, scan, keep)
+    scan.end()
+    keep.end()
+    out.seconds = time.perf_counter() - t0
+    out.reused = len(used & given)
+    out.reused_layers = sum(1 for k in used & given if len(k) == 1)
+    out.saved_s = round(sum(float(known[k].get("s") or 0.0) for k in used & given), 2)
+    log(f"layer search: {out.builds} build(s) in {out.seconds:.1f} s"
+        + (f" ({out.reused} score(s) from the sensitivity cache)" if out.reused else "") + f"; stopped: {out.stopped}")
+    return out
+
+
+def _keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], measure: int, max_kept: int,
+                 log: Callable[[str], None], budget_s: float, t0: float, known: dict[tuple[str, ...], Score],
+                 used: set[tuple[str, ...]], scan: Steps, keep: Steps) -> Outcome:
+    builds = 0
+
+    def score(kept: list[str], steps: Steps | None = None) -> tuple[float, bool]:
         nonlocal builds
         key = tuple(sorted(kept))
-        if key not in cache:
+        used.add(key)
+        if key not in known:
+            t = time.perf_counter()
             got = search.outputs(list(kept))
             builds += 1
-            cache[key] = (output_snr_db(search.reference, got), passes(got))
-        return cache[key]
+            known[key] = {"snr_db": output_snr_db(search.reference, got), "passed": bool(passes(got)),
+                          "s": round(time.perf_counter() - t, 3)}
+            if steps is not None:
+                steps.measured(known[key]["s"])
+        return float(known[key]["snr_db"]), bool(known[key]["passed"])
 
     def spread(measured: list[Layer]) -> Outcome | None:
         """Where the search samples fail all-INT8 and each measured layer gains < MIN_GAIN_DB: the fewest layers in
@@ -206,18 +257,20 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             alone += f", {together}"
         log(f"{alone}: the error is spread over the model, not in a few layers; scan stopped")
         return Outcome([], measured, base, base, builds, time.perf_counter() - t0, search.keeps_as, False,
-                       spread=True, spread_why=alone)
+                       spread=True, spread_why=alone, stopped=SPREAD)
 
     def prefix(k: int) -> tuple[float, bool]:
         """The k ranked worst kept: output SNR, search checks pass; recorded as a step."""
-        snr, ok = score([x.name for x in ranked[:k]])
+        snr, ok = score([x.name for x in ranked[:k]], keep)
         prefixes[k] = {"kept": k, "snr_db": snr, "passed": ok}
         return snr, ok
 
     def fewest(measured: list[Layer], lo: int, hi: int) -> Outcome:
         """The smallest k in [lo, hi] whose k ranked worst pass the search checks (hi passes), by bisection."""
+        n = len(prefixes) + max(1, (hi - lo + 1).bit_length())  # the steps of a bisection over [lo, hi], at most
         while lo < hi and time.perf_counter() - t0 <= budget_s:
             mid = (lo + hi) // 2
+            keep.start(min(len(prefixes) + 1, n), n)
             if prefix(mid)[1]:
                 hi = mid
             else:
@@ -225,13 +278,15 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
         snr = prefixes[hi]["snr_db"]
         log(f"{hi} layer(s) kept, the {hi} ranked worst: output SNR {snr:.1f} dB, search checks pass")
         return Outcome(ranked[:hi], measured, base, snr, builds, time.perf_counter() - t0, search.keeps_as, True,
-                       [prefixes[k] for k in sorted(prefixes)])
+                       [prefixes[k] for k in sorted(prefixes)],
+                       stopped=FOUND if lo >= hi else f"{BUDGET} (the set kept passes; a smaller one may too)")
 
     prefixes: dict[int, dict[str, Any]] = {}  # spread's search: kept count -> its step
 
-    base, base_ok = score([])
     ranked = sorted(search.layers, key=lambda lay: lay.local_sqnr_db)
     scanned = ranked[:measure]
+    scan.open()  # all-INT8 first, then each layer kept alone
+    base, base_ok = score([], scan)
     for i, lay in enumerate(scanned, 1):
         if time.perf_counter() - t0 > budget_s / 2:  # a large graph: the scan gets half the time budget
             log(f"sensitivity scan stopped after {i - 1} layers (time budget {budget_s:.0f} s)")
@@ -241,7 +296,8 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             if len(scanned) >= 2 and (out := spread(scanned)) is not None:
                 return out
             break
-        lay.alone_snr_db, alone_ok = score([lay.name])
+        scan.start(i, len(scanned))
+        lay.alone_snr_db, alone_ok = score([lay.name], scan)
         lay.gain_db = lay.alone_snr_db - base
         log(f"sensitivity {i}/{len(scanned)}: {lay.name} ({lay.op}) kept alone: output SNR "
             f"{lay.alone_snr_db:.1f} dB ({lay.gain_db:+.1f})" + (", search checks pass" if alone_ok else ""))
@@ -250,9 +306,10 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             log(f"1 layer kept: output SNR {lay.alone_snr_db:.1f} dB, search checks pass")
             return Outcome([lay], scanned, base, lay.alone_snr_db, builds, time.perf_counter() - t0,
                            search.keeps_as, True, [{"kept": 1, "layer": lay.name, "snr_db": lay.alone_snr_db,
-                                                    "passed": True}])
+                                                    "passed": True}], stopped=FOUND)
         if i == SPREAD_AFTER and (out := spread(scanned[:i])) is not None:
             return out
+    scan.end()
     if base_ok:
         # the search samples pass all-INT8, so they cannot say which layer fails the golden ones; they still
         # measure which layer's rounding costs the output most: the best of those is kept first, and the caller
@@ -264,9 +321,10 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
             log(f"all-INT8 passes the search checks; keeping first the layer that gains most: {first[0].name} "
                 f"({first[0].gain_db:+.1f} dB)")
         return Outcome(first, scanned, base, first[0].alone_snr_db if first else base, builds,
-                       time.perf_counter() - t0, search.keeps_as, True, shown=False)
+                       time.perf_counter() - t0, search.keeps_as, True, shown=False, stopped=UNSHOWN)
     group = min(max_kept, len(ranked))
     if search.by_rank and group > 1 and time.perf_counter() - t0 <= budget_s:
+        keep.open()
         snr, ok = prefix(group)
         if ok:
             log(f"the {group} ranked worst together pass ({snr:.1f} dB): the ranking measures each layer at the "
@@ -281,17 +339,23 @@ def keep_fewest(search: Search, passes: Callable[[list[np.ndarray]], bool], meas
     kept: list[Layer] = []
     steps = []
     ok, snr = False, base
+    stopped = TRIED
+    n = len(order[:max_kept])
     for lay in order[:max_kept]:
         if time.perf_counter() - t0 > budget_s:
             log(f"search stopped at {len(kept)} kept layer(s): time budget {budget_s:.0f} s")
+            stopped = BUDGET
             break
         kept.append(lay)
-        snr, ok = score([k.name for k in kept])
+        keep.start(len(kept), n)
+        snr, ok = score([k.name for k in kept], keep)
         steps.append({"kept": len(kept), "layer": lay.name, "snr_db": snr, "passed": ok})
         log(f"{len(kept)} layer(s) kept: output SNR {snr:.1f} dB, search checks {'pass' if ok else 'fail'}")
         if ok:
+            stopped = FOUND
             break
-    return Outcome(kept, scanned, base, snr, builds, time.perf_counter() - t0, search.keeps_as, ok, steps)
+    return Outcome(kept, scanned, base, snr, builds, time.perf_counter() - t0, search.keeps_as, ok, steps,
+                   stopped=stopped)
 
 
 def plot(outcome: Outcome, path: Path, title: str) -> bool:
