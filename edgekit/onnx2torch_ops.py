@@ -237,10 +237,34 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
             return None
         if tmode == "constant":
             return result(node, lambda x: F.pad(x, pairs, mode="constant", value=value), f"Pad({pads})")
-        if len(pairs) > 2 * (rank - 2) or rank < 3:
-            return None  # torch pads only the spatial dimensions in reflect / replicate modes
-        pairs += [0, 0] * (rank - 2 - len(pairs) // 2)
-        return result(node, lambda x: F.pad(x, pairs, mode=tmode), f"Pad({pads}, {mode})")
+        if any(v < 0 for v in pads):
+            raise UnsupportedOpError(f"Pad node {node.name!r}: {mode} padding with negative pads {pads} (a crop) "
+                                     "is not bridged to torch")
+        return result(node, lambda x: pad_trailing(x, pads, tmode), f"Pad({pads}, {mode})")
+
+    def pad_trailing(x, pads, tmode):
+        """Reflect / replicate padding on any rank: torch pads only the last 1-3 dims of a 2-D..5-D tensor
+        (one leading dim, or two). The padded dims, moved last where they are not, with every dim before them
+        folded into one, are what it takes; the result is unfolded and moved back. Padding is separable, so
+        more than three padded dims are padded three at a time."""
+        rank = x.dim()
+        padded = [d for d in range(rank) if pads[d] or pads[d + rank]]
+        for k in range(0, len(padded), 3):
+            group = padded[k:k + 3]
+            order = [d for d in range(rank) if d not in group] + group
+            moved = order != list(range(rank))
+            y = x.permute(order) if moved else x
+            tp = []
+            for d in reversed(group):
+                tp += [pads[d], pads[d + rank]]
+            if rank - len(group) in (1, 2):  # as torch takes it
+                y = F.pad(y, tp, mode=tmode)
+            else:  # [B, *padded dims]
+                lead, tail = list(y.shape[:rank - len(group)]), list(y.shape[rank - len(group):])
+                y = F.pad(y.reshape([-1] + tail), tp, mode=tmode)
+                y = y.reshape(lead + list(y.shape[1:]))
+            x = y.permute([order.index(d) for d in range(rank)]) if moved else y
+        return x
 
     def resize(node, graph):
         p = params(node, graph)

@@ -309,3 +309,32 @@ def test_host_board_is_worded_as_this_machine(digits, tmp_path):
     assert "on the board" not in engine and "this machine" in engine
     report = (res.out_dir / "report.md").read_text()
     assert "This machine is the board" in report and "the host cannot measure them" not in report
+
+
+def _shared_bias_model(path: Path) -> Path:
+    """Three 3x3 convs sharing one weight and one bias initializer ``b`` (tf2onnx shares equal constants), the
+    first one's output named ``b1``: the name quantize_static gave its second copy of ``b`` (a published pitch
+    model's CQT front end, ``conv1d_25`` shared 18 times next to an activation ``conv1d_252``)."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((2, 2, 3, 3)) * 0.3).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.array([0.1, -0.2], np.float32), "b")
+    nodes = [helper.make_node("Conv", [i, "w", "b"], [o], pads=[1, 1, 1, 1], name=f"conv{k}")
+             for k, (i, o) in enumerate([("x", "b1"), ("b1", "h"), ("h", "y")])]
+    g = helper.make_graph(nodes, "shared", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])], [w, b])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return path
+
+
+def test_int8_of_convs_sharing_a_bias_runs(tmp_path):
+    """The Q/DQ model ran in onnxruntime as 'bias must be a 1D tensor of size output_channels' (a traceback):
+    quantize_static's copy of a shared bias took an activation's name. Each conv gets its own bias first."""
+    res = convert(_shared_bias_model(tmp_path / "shared.onnx"), "jetson", tmp_path / "o", precision="int8",
+                  calib="random", cache=False)
+    assert res.verification.passed, res.verification.failures
+    q = onnx.load(str(res.out_dir / "model.onnx"))
+    inits = {i.name for i in q.graph.initializer}
+    biases = [n.input[2] for n in q.graph.node if n.op_type == "Conv"]
+    assert len(set(biases)) == 3 and set(biases) <= inits

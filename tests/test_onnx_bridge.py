@@ -158,3 +158,88 @@ def test_manifest_records_the_preparation_and_the_bridge(tmp_path):
     assert [i["name"] for i in res.manifest["inputs"]] == ["x"]
     report = (res.out_dir / "report.md").read_text()
     assert "prepared: input sr folded" in report and "rebuilt in torch by onnx2torch" in report
+
+
+def _reflect_padded_conv1d(tmp_path, rank: int, length: int = 64):
+    """A 1-D signal [1, L] (rank 2, unsqueezed to [1, 1, L] after the pad) or [1, 1, L] (rank 3), padded by 3 each
+    side with Pad(mode=reflect) as STFT/CQT front ends do, then Conv1d(1 -> 4, k=7) and Relu; and calibration
+    data: 64 sines of different frequencies and phases."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((4, 1, 7)) * 0.3).astype(np.float32), "w")
+    b = numpy_helper.from_array(np.linspace(-0.1, 0.1, 4, dtype=np.float32), "b")
+    pads = [0, 3, 0, 3] if rank == 2 else [0, 0, 3, 0, 0, 3]
+    inits = [w, b, numpy_helper.from_array(np.array(pads, np.int64), "pads")]
+    nodes = [helper.make_node("Pad", ["x", "pads"], ["p"], mode="reflect")]
+    if rank == 2:
+        inits.append(numpy_helper.from_array(np.array([1], np.int64), "ax"))
+        nodes.append(helper.make_node("Unsqueeze", ["p", "ax"], ["p3"]))
+    nodes += [helper.make_node("Conv", ["p3" if rank == 2 else "p", "w", "b"], ["c"]),
+              helper.make_node("Relu", ["c"], ["y"])]
+    shape = [1, length] if rank == 2 else [1, 1, length]
+    g = helper.make_graph(nodes, "reflect", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, length])], inits)
+    p = _save(g, tmp_path / f"reflect{rank}.onnx")
+    t = np.arange(length, dtype=np.float32) / length
+    f = np.linspace(1, 8, 64, dtype=np.float32)[:, None]
+    sig = np.sin(2 * np.pi * f * t + f).astype(np.float32)
+    calib = tmp_path / f"calib{rank}.npz"
+    np.savez(calib, x=sig if rank == 2 else sig[:, None])
+    return p, calib
+
+
+@pytest.mark.parametrize("mode", ["reflect", "edge"])
+def test_reflect_and_edge_pad_bridge_on_every_rank_and_dims(tmp_path, mode):
+    """torch pads only the last 1-3 dims of a 2-D..5-D tensor in reflect / replicate mode; the bridge moves and
+    folds dims so that a 1-D signal, a [N, L] or [N, C, L] one, a leading dim and four padded dims all pad, and
+    matches onnxruntime on the file."""
+    import torch
+
+    from edgekit.onnx_bridge import bridge_model
+
+    cases = [([6], [2, 3]), ([1, 9], [0, 4, 0, 2]), ([1, 1, 9], [0, 0, 3, 0, 0, 3]),
+             ([4, 5, 6], [2, 0, 0, 1, 0, 0]),  # a leading dim padded
+             ([3, 4, 5, 6], [1, 1, 2, 3, 2, 1, 1, 2])]  # four dims padded
+    rng = np.random.default_rng(0)
+    for k, (shape, pads) in enumerate(cases):
+        out = [n + pads[d] + pads[d + len(shape)] for d, n in enumerate(shape)]
+        g = helper.make_graph([helper.make_node("Pad", ["x", "pads"], ["y"], mode=mode)], "pad",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out)],
+                              [numpy_helper.from_array(np.array(pads, np.int64), "pads")])
+        p = _save(g, tmp_path / f"pad{k}.onnx")
+        m = load_model(p)
+        b = bridge_model(m, str(p))
+        x = rng.standard_normal(shape).astype(np.float32)
+        want = m.reference()({"x": x})[0]
+        np.testing.assert_array_equal(b.exported.module()(torch.from_numpy(x)).numpy(), want)
+
+
+def test_reflect_pad_that_crops_is_refused_in_one_line(tmp_path):
+    from edgekit.errors import UnsupportedOpError
+    from edgekit.onnx_bridge import bridge_model
+
+    g = helper.make_graph([helper.make_node("Pad", ["x", "pads"], ["y"], mode="reflect")], "crop",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 9])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+                          [numpy_helper.from_array(np.array([0, 2, 0, -1], np.int64), "pads")])
+    p = _save(g, tmp_path / "crop.onnx")
+    with pytest.raises(UnsupportedOpError, match=r"reflect padding with negative pads \[0, 2, 0, -1\]") as e:
+        bridge_model(load_model(p), str(p))
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("rank", [2, 3])
+@pytest.mark.parametrize("target,precision", [("android", "fp32"), ("android", "int8"), ("ios", "fp32")])
+def test_reflect_padded_signal_converts_for_android_and_ios(tmp_path, rank, target, precision):
+    """A 1-D signal, [1, L] or [1, 1, L], reflect padded before a Conv1d: it was refused at every precision
+    ("reflect padding is implemented for padding the last 3 dimensions"); it converts and verifies against
+    onnxruntime on the ONNX file."""
+    from edgekit.pipeline import convert
+
+    p, calib = _reflect_padded_conv1d(tmp_path, rank)
+    res = convert(p, target=target, precision=precision, calib=str(calib), out=tmp_path / "o", golden_count=16,
+                  cache=False, allow_slower_int8=True)  # a 7 KB model: its int8 and fp32 times are noise
+    v = res.verification
+    assert v.passed, v.failures
+    err = v.outputs[0]
+    assert err.max_abs_error < (1e-5 if precision == "fp32" else 0.1), err

@@ -206,16 +206,19 @@ def mil_pad(torch, a):
     mode = {"constant": "constant", "reflect": "reflect", "replicate": "replicate"}[a.get("mode", "constant")]
     if mode == "constant":
         return F.pad(x, tp, value=float(a.get("constant_val", 0.0)))
-    while len(tp) > 2 and tp[-2:] == [0, 0]:
-        tp = tp[:-2]
-    squeeze = 0
-    while x.dim() < len(tp) // 2 + 2:  # torch pads 1-3 spatial dims of a batched tensor
-        x, squeeze = x.unsqueeze(0), squeeze + 1
-    tp += [0, 0] * (x.dim() - 2 - len(tp) // 2)  # and wants a pair for each of them
-    y = F.pad(x, tp, mode=mode)
-    for _ in range(squeeze):
-        y = y.squeeze(0)
-    return y
+    # reflect / replicate: one padded dim at a time (the padding is separable), that dim moved last and the
+    # others folded into one, as torch pads a [B, L] tensor: any rank, any padded dims
+    lead = x.dim() - k
+    for i in range(k):
+        lo, hi = pad[2 * i], pad[2 * i + 1]
+        if not (lo or hi):
+            continue
+        d = lead + i
+        y = x.movedim(d, -1)
+        shape = list(y.shape)
+        y = F.pad(y.reshape(-1, shape[-1]), [lo, hi], mode=mode)
+        x = y.reshape(shape[:-1] + [y.shape[-1]]).movedim(-1, d)
+    return x
 
 
 def slice_by_index(torch, a):

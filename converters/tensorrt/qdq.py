@@ -46,8 +46,40 @@ def preprocessed(job: ConvertJob, src: Path) -> Path:
         if not n.name or n.name in seen:
             n.name = f"{n.op_type}_{i}"
         seen.add(n.name)
+    unshare_biases(proto)
     onnx.save(proto, str(pre))
     return pre
+
+
+BIASED_OPS = ("Conv", "ConvTranspose", "Gemm")
+
+
+def unshare_biases(proto) -> int:
+    """Give each Conv / ConvTranspose / Gemm a bias initializer of its own (tf2onnx shares one between layers
+    with equal biases). quantize_static copies a shared bias itself, naming the copy the bias's name plus a
+    number without checking the names of activations: ``conv_25`` shared 18 times became ``conv_252``, the
+    name of another layer's output, and onnxruntime then ran that Conv with a [1, 36, 1, 172] bias. Copies
+    made here get names no tensor has. Returns the number of copies."""
+    graph = proto.graph
+    inits = {i.name: i for i in graph.initializer}
+    users: dict[str, list] = {}
+    for n in graph.node:
+        if n.op_type in BIASED_OPS and len(n.input) > 2 and n.input[2] in inits:
+            users.setdefault(n.input[2], []).append(n)
+    taken = set(inits) | {v.name for v in (*graph.input, *graph.output, *graph.value_info)}
+    taken |= {t for n in graph.node for t in (*n.input, *n.output)}
+    copies = 0
+    for name, nodes in users.items():
+        for n in nodes[1:]:
+            k = 0
+            while f"{name}_own{k}" in taken:
+                k += 1
+            copy = graph.initializer.add()
+            copy.CopyFrom(inits[name])
+            copy.name = n.input[2] = f"{name}_own{k}"
+            taken.add(copy.name)
+            copies += 1
+    return copies
 
 
 def write_qdq(pre: Path, dest: Path, ranges: Path, name: str, excluded: list[str], placement: str) -> None:
