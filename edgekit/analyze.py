@@ -41,6 +41,7 @@ class LayerStats:
     output_shape: list[int]
     activation_bytes: int
     groups: int = 1  # Conv groups (> 1: grouped / depthwise; the cost model's "dwconv" class)
+    input_shape: list[int] = field(default_factory=list)  # the first input's (ONNX graphs; [] where unknown)
 
     @property
     def op_class(self) -> str:
@@ -250,6 +251,7 @@ def analyze_onnx(path: Path, supported_ops: list[str] | None = None, target: str
                 output_shape=list(out_dims),
                 activation_bytes=sum(nbytes(o) for o in n.output),
                 groups=next((a.i for a in n.attribute if a.name == "group"), 1) if n.op_type == "Conv" else 1,
+                input_shape=list(shapes.get(n.input[0], ([], 4))[0]) if n.input else [],
             )
         )
 

@@ -29,6 +29,11 @@ cores) and halves their stored weights plus 2 bits of index per kept value.
 
 **Energy** (mJ) = power of the power mode (W) x latency (ms).
 
+**FPGA boards** (a profile with an ``[fpga]`` table, int8 / int4): the layers run as hls4ml's dataflow pipeline,
+not as kernels, so the latency is the fabric's own estimate (:func:`edgekit.fabric.plan_estimate`: the smallest
+reuse factor whose DSP / BRAM36 / LUT / FF estimate stays under 80 % of the board, and the latency at the fabric
+clock that reuse gives), and the share of the fabric taken is a budget of its own (``fabric_share``).
+
 **Structured pruning** at ratio ``r`` removes that share of output channels from every
 Conv/Gemm except the last (the classifier keeps its outputs): MACs and weights of a
 layer scale by ``(1-r)`` for each of its pruned sides (input and output), activations by
@@ -61,6 +66,7 @@ ACT_BYTES = {"fp32": 4.0, "fp16": 2.0, "int8": 1.0, "int8-weight": 2.0, "int8-dy
 # weight-only formats: the layer computes in float (at the board's best float rate) unless the
 # board lists the format in peak_tops itself
 WEIGHT_ONLY = ("int8-weight", "int6-weight", "int4-weight", "prune-50")
+FABRIC_BITS = {"int8": 8, "int4": 4}  # what the fpga target builds (weights and activations)
 TENSOR_CORE_PRECISIONS = ("fp16", "int8", "int8-weight", "int4-weight")
 # ops that runtimes fuse into the producing kernel (activations, folded norms) or run as
 # metadata changes: no launch of their own
@@ -131,6 +137,12 @@ class Estimate:
     activations_mb: float
     runtime_overhead_mb: float
     layers: list[LayerCost] = field(default_factory=list)
+    fabric: dict[str, Any] | None = None  # FPGA boards: fit and timing on the fabric (edgekit.fabric.plan_estimate)
+
+    @property
+    def fabric_share(self) -> float | None:
+        """The share of the fabric's most used resource (DSP, BRAM36, LUT or FF) at the chosen reuse factor."""
+        return None if self.fabric is None else float(self.fabric["share"])
 
     def to_json(self, layers: bool = False) -> dict[str, Any]:
         d = {
@@ -139,6 +151,9 @@ class Estimate:
         }
         if layers:
             d["layers"] = [asdict(lc) | {"latency_ms": lc.latency_ms, "bound": lc.bound} for lc in self.layers]
+        if self.fabric is not None:
+            d["fabric"] = {k: v for k, v in self.fabric.items() if k != "estimate"} | {
+                k: self.fabric["estimate"][k] for k in ("dsp", "bram36", "lut", "ff", "utilization")}
         return d
 
 
@@ -238,6 +253,13 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
     act_mb = stats.peak_activation_bytes * (1 - cand.prune_ratio if _weight_layers(stats) else 1.0) * act_prec / MB
     weights_mb = total_w / MB
     latency = sum(lc.latency_ms for lc in layers)
+    fabric = None
+    if board.fpga is not None and cand.precision in FABRIC_BITS:
+        # the fabric: layers run as hls4ml's dataflow pipeline, so its latency is the fabric's timing estimate
+        from edgekit.fabric import plan_estimate
+
+        fabric = plan_estimate(stats, FABRIC_BITS[cand.precision], board.fpga)
+        latency = fabric["latency_us"] / 1e3
     return Estimate(
         candidate=cand,
         ram_mb=weights_mb + act_mb + board.runtime_overhead_mb,
@@ -249,6 +271,7 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
         activations_mb=act_mb,
         runtime_overhead_mb=board.runtime_overhead_mb,
         layers=layers,
+        fabric=fabric,
     )
 
 

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 from edgekit.analyze import WEIGHT_OPS, ModelStats
 from edgekit.costmodel import Candidate, Estimate, calibrated, estimate
 from edgekit.errors import EdgekitError
+from edgekit.fabric import FIT_SHARE
 from edgekit.fsutil import work_dir
 from edgekit.profiles import PRECISION_ORDER, Board, Target, load_target
 from edgekit.units import fmt_mb, fmt_mb_distinct
@@ -38,7 +39,8 @@ if TYPE_CHECKING:
     from edgekit.ingest import Model
 
 PRUNE_RATIOS = (0.0, 0.25, 0.5)
-BUDGET_UNITS = {"ram_mb": "MB", "storage_mb": "MB", "latency_ms": "ms", "power_w": "W", "energy_mj": "mJ"}
+BUDGET_UNITS = {"ram_mb": "MB", "storage_mb": "MB", "latency_ms": "ms", "power_w": "W", "energy_mj": "mJ",
+                "fabric_share": "of the fabric"}
 BUDGET_FLAGS = {"ram_mb": "--max-ram-mb", "storage_mb": "--max-storage-mb", "latency_ms": "--max-latency-ms",
                 "power_w": "--max-power-w", "energy_mj": "--max-energy-mj",
                 "accuracy_drop_points": "--max-accuracy-drop"}
@@ -63,6 +65,7 @@ class Budgets:
     power_w: float
     energy_mj: float | None = None
     accuracy_drop_points: float = 1.0
+    fabric_share: float | None = None  # FPGA boards: the share of the fabric a build may take (routing headroom)
 
     @classmethod
     def for_board(cls, board: Board, **overrides: float | None) -> Budgets:
@@ -75,6 +78,7 @@ class Budgets:
             power_w=b.power_w,
             energy_mj=b.energy_mj,
             accuracy_drop_points=b.accuracy_drop_points,
+            fabric_share=FIT_SHARE if board.fpga is not None else None,
         )
         for k, v in overrides.items():
             if k not in BUDGET_FLAGS:
@@ -241,11 +245,11 @@ def compression_rank(c: Candidate, native: str | None = None) -> tuple:
 
 def score(est: Estimate, budgets: Budgets) -> Scored:
     values = {"ram_mb": est.ram_mb, "storage_mb": est.storage_mb, "latency_ms": est.latency_ms,
-              "power_w": est.power_w, "energy_mj": est.energy_mj}
+              "power_w": est.power_w, "energy_mj": est.energy_mj, "fabric_share": est.fabric_share}
     usage, over = {}, {}
     for k, v in values.items():
         limit = getattr(budgets, k)
-        if limit is None:
+        if limit is None or v is None:
             continue
         usage[k] = v / limit
         if v > limit * (1 + 1e-9):
@@ -254,7 +258,7 @@ def score(est: Estimate, budgets: Budgets) -> Scored:
 
 
 BUDGET_NAMES = {"ram_mb": "RAM", "storage_mb": "storage", "latency_ms": "latency", "power_w": "power",
-                "energy_mj": "energy", "accuracy_drop_points": "accuracy drop"}
+                "energy_mj": "energy", "accuracy_drop_points": "accuracy drop", "fabric_share": "fabric"}
 
 
 def fmt_budget(k: str, v: float, digits: int = 6) -> str:
@@ -262,6 +266,8 @@ def fmt_budget(k: str, v: float, digits: int = 6) -> str:
     ("65,536 MB", "1,500.1 MB", "57.5 KB"), the others to ``digits`` significant digits ("33.3 ms", "0.0731 ms")."""
     if BUDGET_UNITS[k] == "MB":
         return fmt_mb(v)
+    if k == "fabric_share":
+        return f"{v:.0%} {BUDGET_UNITS[k]}"
     return (f"{v:,.0f}" if abs(v) >= 10**digits else f"{v:,.{digits}g}") + f" {BUDGET_UNITS[k]}"
 
 
@@ -274,6 +280,11 @@ def tightest(s: Scored, budgets: Budgets) -> str:
     """The budget a fitting candidate comes closest to, e.g. "RAM at 27% of 5,596 MB (runtime 1,500 MB + model
     65.7 KB)": the runtime's own RAM is named, as it can dominate a small model's figure."""
     k, e = s.binding, s.estimate
+    if k == "fabric_share" and e.fabric is not None:
+        util = e.fabric["estimate"]["utilization"]
+        res = max(util, key=lambda r: util[r])
+        return (f"the fabric, {res.upper()} at {util[res]:.0%} of the board at reuse factor "
+                f"{e.fabric['reuse_factor']} ({getattr(budgets, k):.0%} usable)")
     out = f"{BUDGET_NAMES[k]} at {s.usage[k]:.0%} of {fmt_budget(k, getattr(budgets, k))}"
     if k == "ram_mb" and e.runtime_overhead_mb:
         out += (f" (runtime {fmt_budget(k, e.runtime_overhead_mb)} + model "
@@ -335,6 +346,12 @@ def choose(
         raise PlanError(_nothing_fits(scored, budgets, board) + "".join(f" ({n})" for n in notes))
     best = fitting[0]
     reason = _reason(best, scored, budgets, native)
+    fab = best.estimate.fabric
+    if fab is not None:
+        notes.append(f"fabric ESTIMATE at reuse factor {fab['reuse_factor']} ({fab['layers']} compute layers): "
+                     f"{fabric_figures(fab, brd)}; latency {fab['latency_us']:g} µs, a new input every "
+                     f"{fab['interval_us']:g} µs at {brd.fpga.fabric_clock_mhz:g} MHz (the build re-estimates "
+                     "from its quantized graph; Vivado's report replaces both)")
     return Plan(board.id, tgt.name if tgt else "-", budgets, scored, best, reason, stats,
                 calibrated=brd is not board, notes=notes, profile=brd)
 
@@ -345,11 +362,27 @@ def _nothing_fits(scored: list[Scored], budgets: Budgets, board: Board) -> str:
     for k, amount in sorted(nearest.over.items(), key=lambda kv: -nearest.usage[kv[0]]):
         limit = getattr(budgets, k)
         lim, need = fmt_budgets(k, limit, limit + amount)
+        if k == "fabric_share":
+            parts.append(f"the fabric cannot hold it even at reuse factor {nearest.estimate.fabric['reuse_factor']}: "
+                         f"{fabric_figures(nearest.estimate.fabric, board)}")
+            continue
         parts.append(f"{BUDGET_NAMES[k]} budget {lim} cannot be met: needs {need} "
                      f"(+{fmt_budget(k, amount)}, {100 * (nearest.usage[k] - 1):.0f}% over)")
-    flags = ", ".join(sorted({BUDGET_FLAGS[k] for k in nearest.over}))
+    flags = sorted({BUDGET_FLAGS[k] for k in nearest.over if k in BUDGET_FLAGS})
+    fix = " or ".join(([f"relax {', '.join(flags)}"] if flags else [])
+                      + (["choose a larger FPGA board (edgekit boards)"] if "fabric_share" in nearest.over else [])
+                      + ["use a smaller model"])
     return (f"no build of this model fits board {board.id}: " + "; ".join(parts)
-            + f" — nearest candidate {nearest.estimate.candidate.label}; relax {flags} or use a smaller model")
+            + f" — nearest candidate {nearest.estimate.candidate.label}; {fix}")
+
+
+def fabric_figures(fabric: dict[str, Any], board: Board) -> str:
+    """"184 DSP of 220, 12 BRAM36 of 140, 31,024 LUT of 53,200, 19,400 FF of 106,400 (DSP over the 80% usable)"."""
+    e, f = fabric["estimate"], board.fpga
+    used = ", ".join(f"{e[k]:,} {name} of {getattr(f, k):,}" for k, name in
+                     (("dsp", "DSP"), ("bram36", "BRAM36"), ("lut", "LUT"), ("ff", "FF")))
+    over = f" ({e['limiting'].upper()} over the {FIT_SHARE:.0%} usable)" if e.get("limiting") else ""
+    return used + over
 
 
 def _reason(best: Scored, scored: list[Scored], budgets: Budgets, native: str | None = None) -> str:

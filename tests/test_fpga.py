@@ -58,7 +58,7 @@ def test_fpga_target_profile():
 
 
 def test_reuse_factor_is_smallest_that_fits():
-    from edgekit.converters.fpga import resources as fr
+    from edgekit import fabric as fr
 
     fpga = load_board("xilinx/pynq-z2").fpga
     costs = [fr.FabricLayer("fc1", 64 * 32, 8, 8, 32), fr.FabricLayer("fc2", 32 * 10, 8, 8, 10)]

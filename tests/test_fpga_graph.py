@@ -87,7 +87,7 @@ def test_tanh_inside_the_network_is_refused_for_its_table(tmp_path):
 
 
 def test_depthwise_reuse_divides_its_window_and_timing_follows_reuse():
-    from edgekit.converters.fpga import resources as fr
+    from edgekit import fabric as fr
 
     dw = fr.FabricLayer("dw", 64 * 9, 8, 8, 64, kernel=9, pixels=64)
     dense = fr.FabricLayer("fc", 640, 8, 8, 10)

@@ -300,3 +300,41 @@ def test_convert_precision_auto_uses_the_plan(digits, tmp_path):
     res2 = convert(str(digits["model"]), target="jetson", out=tmp_path / "c", board="jetson-nano-4gb", precision="fp16")
     assert res2.manifest["plan"]["chosen_by"] == "user"
     assert res2.manifest["plan"]["estimate"]["storage_mb"] < man["plan"]["estimate"]["storage_mb"]
+
+
+TINY = Path(__file__).parent.parent / "examples" / "tinyml_fpga"
+
+
+def test_fpga_plan_uses_the_fabric_estimate_the_build_makes():
+    """On an FPGA board the plan's latency is the fabric's timing estimate (hls4ml's dataflow, at the reuse factor
+    that fits) and the share of the fabric is a budget: ResNet-8 fits a PYNQ-Z2 only at a reuse factor > 1, and
+    int4 (narrower LUT multipliers) fits at a smaller one, so it is estimated faster."""
+    from edgekit import fabric
+    from edgekit.planner import model_stats
+
+    board = load_board("xilinx/pynq-z2")
+    stats = model_stats(str(TINY / "resnet8.pt2"), load_target("fpga"))[1]
+    p = choose(None, board, "fpga", stats=stats, use_calibration=False)
+    assert p.precision == "int8"
+    fab = p.choice.estimate.fabric
+    assert fab["fits"] and fab["reuse_factor"] > 1 and fab["share"] <= fabric.FIT_SHARE
+    assert p.choice.estimate.latency_ms == pytest.approx(fab["latency_us"] / 1e3)
+    assert fab["layers"] == 11  # 9 convs, the global average pool (a depthwise conv on the fabric), the classifier
+    assert any(n.startswith("fabric ESTIMATE at reuse factor") and "LUT of 53,200" in n for n in p.notes)
+    i4 = next(s for s in p.candidates if s.estimate.candidate.precision == "int4").estimate
+    assert i4.fabric["reuse_factor"] <= fab["reuse_factor"] and i4.latency_ms <= p.choice.estimate.latency_ms
+    # a larger board takes the same model at a smaller reuse factor: faster
+    big = choose(None, load_board("xilinx/zcu104"), "fpga", stats=stats, use_calibration=False)
+    assert big.choice.estimate.fabric["reuse_factor"] < fab["reuse_factor"]
+    assert big.choice.estimate.latency_ms < p.choice.estimate.latency_ms
+
+
+def test_fpga_plan_refuses_a_model_the_fabric_cannot_hold_with_figures(mnv2_stats):
+    """MobileNetV2 at 96x96 (2.2 M weights) does not fit a PYNQ-Z2 at any reuse factor: the plan says so before
+    anything is built, with the resources needed and available."""
+    with pytest.raises(PlanError) as e:
+        choose(None, load_board("xilinx/pynq-z2"), "fpga", stats=mnv2_stats, use_calibration=False)
+    msg = str(e.value)
+    assert "the fabric cannot hold it even at reuse factor 1024" in msg
+    assert re.search(r"[\d,]+ BRAM36 of 140", msg) and "LUT of 53,200" in msg
+    assert "choose a larger FPGA board" in msg

@@ -12,7 +12,7 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner
 from edgekit.converters.fpga import graph as fg
 from edgekit.converters.fpga import quant as fq
-from edgekit.converters.fpga import resources as fr
+from edgekit import fabric as fr
 from edgekit.converters.fpga.csim import CHECK_SAMPLES, TABLE_TOL, fabric_input, predict, require_exact
 from edgekit.converters.fpga.project import (HLS_DIR, PROJECT, fifo_bits, layer_precisions, no_bitstream_reason,
                                              wrap_risks, write_project)

@@ -392,7 +392,7 @@ def _bn_to_depthwise(gm) -> None:
 
 def qonnx_costs(mw, bits: int) -> list[Any]:
     """Per compute layer of the QONNX graph (Conv, MatMul): its weights and outputs, for the resource estimate."""
-    from edgekit.converters.fpga.resources import FabricLayer
+    from edgekit.fabric import FabricLayer
 
     producers = {o: n for n in mw.graph.node for o in n.output}
     out = []

@@ -78,7 +78,8 @@ def fifo_bits(mw, bits: int) -> list[int]:
     """Bits held by each io_stream FIFO: one feature map per intermediate tensor."""
     out = []
     for n in mw.graph.node:
-        if n.op_type in ("Conv", "Relu", "MaxPool", "Quant") and n.input[0] != mw.graph.input[0].name:
+        if (n.op_type in ("Conv", "Relu", "MaxPool", "Quant") and n.input[0] != mw.graph.input[0].name
+                and mw.get_initializer(n.input[0]) is None):  # a weight's Quant is no stream
             shape = mw.get_tensor_shape(n.output[0])
             if shape and len(shape) == 4:
                 out.append(math.prod(shape) * bits)

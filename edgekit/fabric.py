@@ -22,6 +22,8 @@ from typing import Any
 SHELL = {"lut": 6000, "ff": 8000, "bram36": 3, "dsp": 0}  # AXI DMA + SmartConnect + reset (PYNQ base designs)
 BRAM_BITS = 36 * 1024
 FIT_SHARE = 0.8  # leave 20% of the fabric for routing and timing closure
+# streamed tensors per op of the float graph: a conv's or activation's output and its requantized copy
+FIFO_OPS = {"Conv": 2, "Relu": 2, "Clip": 2, "LeakyRelu": 2, "MaxPool": 1, "AveragePool": 1, "Add": 1, "Concat": 1}
 REUSE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -122,3 +124,53 @@ def pick_reuse(costs: list[FabricLayer], fpga, io_stream: bool, fifo_bits: list[
         if est.fits:
             return est, tried
     return tried[-1], tried
+
+
+POOL_OPS = ("GlobalAveragePool", "AveragePool")
+
+
+def layers_from_stats(stats, bits: int) -> list[FabricLayer]:
+    """The compute layers of the float graph's analysis (:class:`edgekit.analyze.ModelStats`) as fabric layers,
+    for ``edgekit plan``: weights = MACs / output positions, a depthwise conv's window = its weights per channel,
+    the pixels a streamed conv reads = its input's height x width.
+    The first layer reads the 8-bit input (the DMA word); the others read ``bits``-bit activations."""
+    out: list[FabricLayer] = []
+    for lay in stats.layers:
+        ins = [int(d) for d in getattr(lay, "input_shape", []) if isinstance(d, int)]
+        shape = [int(d) for d in lay.output_shape if isinstance(d, int)]
+        if lay.op == "ReduceMean" and len(ins) in (3, 4) and math.prod(shape[2:]) == 1 and shape[:2] == ins[:2]:
+            lay_op = "GlobalAveragePool"  # x.mean((2, 3)): the build rewrites it into one
+        else:
+            lay_op = lay.op
+        if lay_op in POOL_OPS and len(ins) in (3, 4):  # the build's depthwise conv with weights 1/k
+            k = max(1, math.prod(ins[2:]) // max(1, math.prod(shape[2:]) if lay_op == "AveragePool" else 1))
+            out.append(FabricLayer(lay.name, ins[1] * k, bits, bits, ins[1], k, math.prod(ins[2:])))
+            continue
+        if lay.op not in ("Conv", "Gemm", "MatMul") or not lay.macs:
+            continue
+        shape = [int(d) for d in lay.output_shape if isinstance(d, int) or str(d).isdigit()]
+        conv = lay.op == "Conv" and len(shape) >= 3
+        positions = int(math.prod(shape[2:])) if conv else 1
+        pixels = int(math.prod(ins[2:])) if conv and len(ins) == len(shape) else positions
+        outs = int(shape[1] if conv else (shape[-1] if shape else 1))
+        weights = max(1, int(lay.macs // max(1, positions)))
+        kernel = weights // max(1, outs) if conv and lay.groups > 1 else 0
+        out.append(FabricLayer(lay.name, weights, bits, 8 if not out else bits, outs, kernel, pixels))
+    return out
+
+
+def plan_estimate(stats, bits: int, fpga) -> dict[str, Any]:
+    """Fit and timing of the float graph on ``fpga`` before anything is built: the smallest reuse factor that fits
+    (or the largest tried), the share of the fabric it takes and the estimated latency and interval."""
+    costs = layers_from_stats(stats, bits)
+    io_stream = any(c.pixels > 1 for c in costs)
+    # io_stream FIFOs: one feature map per streamed tensor (a conv's output and its requantized copy)
+    fifos = [int(math.prod(lay.output_shape)) * bits for lay in stats.layers if io_stream and lay.op in FIFO_OPS
+             and len(lay.output_shape) == 4 and all(isinstance(d, int) for d in lay.output_shape)
+             for _ in range(FIFO_OPS[lay.op])]
+    est, _ = pick_reuse(costs, fpga, io_stream, fifos)
+    t = timing(costs, est.reuse_factor, fpga.fabric_clock_mhz, io_stream)
+    return {"reuse_factor": est.reuse_factor, "fits": est.fits, "limiting": est.limiting,
+            "share": max(est.utilization.values(), default=0.0), "estimate": est.to_json(),
+            "latency_us": t["latency_us"], "interval_us": t["interval_us"], "latency_cycles": t["latency_cycles"],
+            "interval_cycles": t["interval_cycles"], "layers": len(costs)}
