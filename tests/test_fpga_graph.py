@@ -62,17 +62,57 @@ def _export(tmp_path, model, shape=(1, 1, 8, 8)):
     return path
 
 
-def test_hardsigmoid_is_refused_as_a_limit_of_hls4ml(tmp_path):
+def test_squeeze_excitation_scale_is_refused_as_a_limit_of_hls4ml(tmp_path):
+    """MobileNetV3's SE block multiplies a feature map by a per-channel gate ([1, C, H, W] x [1, C, 1, 1]): hls4ml's
+    Multiply merge takes two tensors of one shape."""
     import torch
 
     from edgekit.pipeline import convert
 
-    model = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.Hardsigmoid(), torch.nn.Flatten(),
-                                torch.nn.Linear(144, 10))
-    with pytest.raises(UnsupportedOpError, match=r"HardSigmoid .*hls4ml has no HardSigmoid"):
-        convert(_export(tmp_path, model), target="fpga", precision="int8", calib=str(tmp_path / "calib.npz"),
+    class SE(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.gate, self.fc = torch.nn.Conv2d(1, 4, 3), torch.nn.Conv2d(4, 4, 1), torch.nn.Linear(144, 10)
+
+        def forward(self, x):
+            y = torch.relu(self.conv(x))
+            y = y * torch.nn.functional.hardsigmoid(self.gate(y.mean((2, 3), keepdim=True)))
+            return self.fc(y.flatten(1))
+
+    with pytest.raises(UnsupportedOpError, match=r"Mul .*hls4ml's Mul merge takes two tensors of one shape"):
+        convert(_export(tmp_path, SE()), target="fpga", precision="int8", calib=str(tmp_path / "calib.npz"),
                 out=tmp_path / "b", cache=False)
     assert not (tmp_path / "b").exists()
+
+
+@pytest.mark.slow  # ~40 s: hls4ml C simulation
+def test_hardswish_and_hardsigmoid_are_bit_exact(tmp_path):
+    """HardSwish (x * clip(x/6 + 1/2, 0, 1): an affine layer, a clip, hls4ml's Multiply) after a conv + BatchNorm,
+    and HardSigmoid before the classifier: bit-exact in the C simulation and close to float."""
+    import torch
+
+    F = torch.nn.functional
+
+    class Hard(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.bn = torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.BatchNorm2d(8)
+            self.c2, self.fc = torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.Linear(128, 10)
+
+        def forward(self, x):
+            y = F.max_pool2d(F.hardswish(self.bn(self.c1(x))), 2)
+            return self.fc(F.hardsigmoid(self.c2(y)).flatten(1))
+
+    torch.manual_seed(0)
+    path = tmp_path / "hard.pt2"
+    torch.export.save(torch.export.export(Hard().eval(), (torch.zeros(1, 1, 8, 8),)), path)
+    res = _convert(path, tmp_path, eval_data=None)
+    art = res.manifest["artifact"]
+    be = art["bit_exact"]
+    assert be["exact"] == be["samples"] > 64 and be["max_abs_diff"] == 0.0
+    kinds = [lay["kind"] for lay in art["layers"]]
+    assert kinds.count("hard sigmoid (clip 0..1)") == 2 and "mul (two tensors)" in kinds
+    assert res.verification.passed, res.verification.failures
 
 
 def test_tanh_inside_the_network_is_refused_for_its_table(tmp_path):
@@ -210,6 +250,16 @@ def test_mlperf_tiny_classifiers_fit_a_pynq_z2_bit_exact(tmp_path, name, kinds):
     if name == "dscnn":  # hls4ml's Resource depthwise conv is wrong in io_stream: edgekit gives them Latency
         dws = [lay for lay in json.loads((res.out_dir / "resources.json").read_text())["layers"] if lay["depthwise"]]
         assert dws and all(9 % lay["reuse_factor"] == 0 or 64 % lay["reuse_factor"] == 0 for lay in dws)
+
+
+@pytest.mark.slow  # ~100 s: 240 held-out windows through the C simulation
+def test_keyword_spotting_dscnn_on_speech_mfccs_fits_a_pynq_z2_bit_exact(tmp_path):
+    """MLPerf Tiny's KWS network on its own input: 49x10 MFCCs of ten command words spoken by espeak-ng
+    (examples/tinyml_fpga/kws.py), judged on two voices the model never heard."""
+    res = _convert(TINY / "kws_dscnn.pt2", tmp_path, calib=TINY / "kws_calib.npz", eval_data=TINY / "kws_eval.npz")
+    art, v = _check_fabric(res, {"depthwise conv", "conv", "average pool (depthwise conv, weights 1/k)"})
+    assert v.float_accuracy > 0.7 and 100 * (v.float_accuracy - v.converted_accuracy) <= 2.0
+    assert art["reuse_factor"] > 1  # 64-channel blocks over 25x5 frames: the weights are shared in time
 
 
 @pytest.mark.slow

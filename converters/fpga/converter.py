@@ -153,7 +153,7 @@ class Hls4mlConverter:
             "clock_mhz": fpga.fabric_clock_mhz,
             "quantization": {"tool": "brevitas graph-mode PTQ (FlexML power-of-two maps)", "weights_bits": bits, "activation_bits": bits,
                              "input_bits": iq["bits"], "scales": "power of two" if po2 else "float",
-                             "bias": "Int16Bias (scale = input x weight scale)", "quant_nodes": quants,
+                             "bias": "Int32Bias (scale = input x weight scale)", "quant_nodes": quants,
                              "input_quant": iq, "calibration_samples": len(calib)},
             "layers": layers,
             "precisions": layer_precisions(hm),

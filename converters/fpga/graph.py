@@ -10,7 +10,8 @@ convolutions, BatchNorm, pooling) quantized with brevitas' graph-mode quantizer 
    AveragePool). Anything hls4ml cannot build is refused here, naming the op.
 2. ``quantize``: ``brevitas.graph.quantize.preprocess_for_quantize`` (BatchNorm merged into the conv before it) and
    ``quantize`` with the maps of brevitas' FlexML target (Xilinx's power-of-two scheme): ``FixedPoint`` weight and
-   activation quantizers, ``Int16Bias``, residual adds and concats whose inputs share one quantizer (one scale, so
+   activation quantizers, ``Int32Bias`` (FlexML's ``Int16Bias`` overflows: a conv that absorbed HardSigmoid's
+   +0.5 lost it, bias scale 2^-17), residual adds and concats whose inputs share one quantizer (one scale, so
    hls4ml's fixed-point add is exact), each at ``bits``; the input quantizer stays 8-bit (the DMA word) and is
    unsigned for non-negative data. A BatchNorm that follows no conv becomes a depthwise 1x1 convolution.
 3. calibration and QONNX export are ``quant.calibrate`` / ``quant.export_qonnx`` (unchanged for both paths).
@@ -121,7 +122,7 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
         layers.append({"name": name, "kind": kind})
         return graph.call_module(name, tuple(args))
 
-    def affine(name: str, data, const: np.ndarray, mode: str, shape: list[int]):
+    def affine(name: str, data, const: np.ndarray, mode: str, shape: list[int], shift: float = 0.0):
         """x (op) const for a scalar or per-channel const: a BatchNorm in eval form (merged into the conv before it
         by brevitas, or a depthwise 1x1 conv where no conv precedes)."""
         c = np.asarray(const, np.float32)
@@ -146,7 +147,7 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
             bn.running_var.fill_(1.0)
             w, b = np.ones(chans, np.float32), np.zeros(chans, np.float32)
             if mode == "Mul":
-                w = flat
+                w, b = flat, np.full(chans, shift, np.float32)
             elif mode == "Div":
                 w = 1.0 / flat
             elif mode == "Add":
@@ -194,6 +195,10 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
                 env[node.name] = graph.call_method("reshape", (ins[0], -1, *out[1:]))
             layers.append({"name": _clean(str(node.target)), "kind": "flatten" if len(out) == 2 else "reshape"})
         elif cls in KEEP:
+            if cls.startswith("MaxPool") and (any(np.atleast_1d(mod.padding)) or mod.ceil_mode):
+                raise UnsupportedOpError(
+                    f"MaxPool {node.target} with padding {mod.padding}{' and ceil_mode' if mod.ceil_mode else ''}: "
+                    "hls4ml's streamed pooling (io_stream, how the fabric runs CNNs) takes no padding")
             if cls in ("Conv1d", "Conv2d") and mod.padding_mode != "zeros":
                 raise UnsupportedOpError(f"Conv {node.target}: padding mode {mod.padding_mode!r}; hls4ml pads "
                                          "with zeros only")
@@ -212,13 +217,29 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
             if lo is None or hi is None or float(lo) > 0.0:
                 raise UnsupportedOpError(f"Clip {node.target} to [{lo}, {hi}]: the fabric takes Clip as a bounded "
                                          "ReLU (min 0) or a Hardtanh (min < 0 < max)")
-            m = nn.ReLU6() if (float(lo), float(hi)) == (0.0, 6.0) else nn.Hardtanh(float(lo), float(hi))
+            m = nn.ReLU6() if (float(lo), float(hi)) == (0.0, 6.0) else clip_module(float(lo), float(hi))
             env[node.name] = add(str(node.target), m, ins, "clip")
+        elif cls in ("OnnxHardSigmoid", "Hardsigmoid", "Hardswish"):
+            # clip(alpha x + beta, 0, 1): an affine layer (merged into the conv before it) and a Hardtanh(0, 1);
+            # HardSwish is x times that (hls4ml's Multiply merge of two tensors of one shape)
+            alpha, beta = (float(mod.alpha), float(mod.beta)) if cls == "OnnxHardSigmoid" else (1 / 6, 0.5)
+            scaled = affine(str(node.target), ins[0], np.float32(alpha), "Mul", in_shape, shift=beta)
+            gate = add(str(node.target) + "_clip", clip_module(0.0, 1.0), [scaled], "hard sigmoid (clip 0..1)")
+            if cls == "Hardswish":
+                env[node.name] = graph.call_function(operator.mul, (ins[0], gate))
+                layers.append({"name": node.name, "kind": "mul (two tensors)"})
+            else:
+                env[node.name] = gate
         elif cls == "OnnxBinaryMathOperation":
             fn = {torch.add: "Add", torch.sub: "Sub", torch.mul: "Mul", torch.div: "Div"}.get(mod.math_op_function)
             if fn is None:
                 raise UnsupportedOpError(f"{onnx_op} {node.target}: hls4ml has no such element-wise op")
             if len(data) == 2:
+                a, b = (shapes.get(d.name) for d in data)
+                if a is not None and b is not None and list(a) != list(b):
+                    raise UnsupportedOpError(
+                        f"{onnx_op} {node.target} of a {a} tensor by a {b} tensor: hls4ml's {fn} merge takes two "
+                        "tensors of one shape (no broadcasting; a squeeze-excitation scale is such a broadcast)")
                 if fn == "Div":
                     raise UnsupportedOpError(f"Div {node.target} of two tensors: hls4ml's Divide merge is not "
                                              "bit-exact (a fixed-point reciprocal)")
@@ -268,6 +289,9 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
             env[node.name] = add(str(node.target), table, ins, kind)
         else:
             what = (missing_ops or {}).get(onnx_op)
+            if onnx_op == "MaxPool":  # onnx2torch's module for asymmetric pads (TensorFlow's SAME)
+                raise UnsupportedOpError(f"MaxPool {node.target} with asymmetric padding: hls4ml's streamed pooling "
+                                         "(io_stream, how the fabric runs CNNs) takes no padding")
             if what:
                 raise UnsupportedOpError(f"{onnx_op} {node.target}: {what}; the FPGA target cannot build it (run it "
                                          "on the host before the fabric, or replace it)")
@@ -279,10 +303,29 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
     return gm2, layers
 
 
+_CLIPS: dict[tuple[float, float], type] = {}
+
+
+def clip_module(lo: float, hi: float):
+    """A Hardtanh(lo, hi) of a class of its own per range: brevitas' graph quantizer maps a module by its type, and
+    FlexML's Hardtanh entry reads the range through callables its activation handler never calls; each range gets
+    a map entry with its bounds (``_maps``). Unsigned quantizer where the range starts at 0 (a hard sigmoid)."""
+    from torch import nn
+
+    cls = _CLIPS.get((lo, hi))
+    if cls is None:
+        # a torch.nn module for fx: a leaf, not traced into F.hardtanh
+        cls = type(f"Hardtanh{len(_CLIPS)}", (nn.Hardtanh,), {"__module__": nn.Hardtanh.__module__})
+        _CLIPS[(lo, hi)] = cls
+    return cls(lo, hi)
+
+
 def _maps(bits: int):
     """brevitas FlexML maps (power-of-two) at ``bits`` for weights and activations; sigmoid left to the tables."""
     from brevitas.graph.target import flexml
     from torch import nn
+
+    from brevitas.quant.scaled_int import Int32Bias
 
     def at(entry):
         cls, kw = entry
@@ -290,13 +333,22 @@ def _maps(bits: int):
         for k in list(kw):
             if k == "weight_quant":
                 kw["weight_bit_width"] = bits
+            if k == "bias_quant":  # Int16Bias overflows where the bias is large beside input x weight scale
+                kw[k] = Int32Bias
             if k == "act_quant":
                 kw["bit_width"] = bits
         return cls, kw
 
     compute = {k: (at(v) if v is not None else None) for k, v in flexml.FLEXML_COMPUTE_LAYER_MAP.items()
                if k not in (nn.AvgPool2d, nn.MultiheadAttention, nn.BatchNorm1d, nn.BatchNorm2d)}
-    acts = {k: at(v) for k, v in flexml.FLEXML_QUANT_ACT_MAP.items() if k in (nn.ReLU, nn.ReLU6, nn.Hardtanh)}
+    acts = {k: at(v) for k, v in flexml.FLEXML_QUANT_ACT_MAP.items() if k in (nn.ReLU, nn.ReLU6)}
+    from brevitas.nn import QuantHardTanh
+    from brevitas.quant.fixed_point import Int8ActPerTensorFixedPointMinMaxInit, Uint8ActPerTensorFixedPointMaxInit
+
+    for (lo, hi), cls in _CLIPS.items():
+        acts[cls] = (QuantHardTanh, {"act_quant": Uint8ActPerTensorFixedPointMaxInit if lo == 0.0 else
+                                     Int8ActPerTensorFixedPointMinMaxInit, "min_val": lo, "max_val": hi,
+                                     "bit_width": bits, "return_quant_tensor": True})
     ident = {k: at(v) for k, v in flexml.FLEXML_QUANT_IDENTITY_MAP.items()}
     return compute, acts, ident
 
@@ -311,6 +363,10 @@ def quantize(gm, bits: int, signed_input: bool):
     from edgekit.converters.fpga.quant import TableActivation
     from torch import nn
 
+    # a BatchNorm reading a tensor that also goes elsewhere (HardSwish's x * hardsigmoid(x)) must not be merged into
+    # the conv before it: brevitas merges it regardless and changes the other reader's input (measured: error 0.11
+    # of a range of 1.06 on a conv -> HardSwish); it stays a layer (a depthwise 1x1 conv)
+    _bn_to_depthwise(gm, forked_only=True)
     # traced again by brevitas' tracer: its residual handler does not converge on the graph as built by hand
     gm = preprocess_for_quantize(gm, trace_model=True, relu6_to_relu=False)
     _bn_to_depthwise(gm)
@@ -357,14 +413,16 @@ def _drop_output_requant(qm) -> None:
     qm.recompile()
 
 
-def _bn_to_depthwise(gm) -> None:
+def _bn_to_depthwise(gm, forked_only: bool = False) -> None:
     """A BatchNorm left after merging (it follows no conv) as a depthwise 1x1 conv (2-D input: a diagonal linear)
-    with the same scale and shift."""
+    with the same scale and shift; ``forked_only``: only those whose input has other readers too."""
     torch = require("torch")
     from torch import nn
 
     for node in list(gm.graph.nodes):
         if node.op != "call_module":
+            continue
+        if forked_only and not (node.args and len(node.args[0].users) > 1):
             continue
         bn = gm.get_submodule(node.target)
         if not isinstance(bn, (nn.BatchNorm1d, nn.BatchNorm2d)):

@@ -4,7 +4,7 @@ Post-training quantization calibrates the activation scales on the calibration s
 QONNX, cleaned by qonnx (channels-last, Gemm -> MatMul) and executed by qonnx as the integer-exact reference.
 
 Every scale is a power of two (brevitas ``FixedPoint`` quantizers) and biases are
-quantized with scale = input scale x weight scale (``Int16Bias``): the only setting in
+quantized with scale = input scale x weight scale (``Int32Bias``): the only setting in
 which hls4ml's ap_fixed arithmetic is bit-exact against QONNX execution. Inputs must lie
 on the input quantizer's grid: ``quantize_input`` snaps them (the board driver does the
 same before the DMA).

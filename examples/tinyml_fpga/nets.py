@@ -50,16 +50,21 @@ class ResNet8(nn.Module):
 
 
 class DSCNN(nn.Module):
-    def __init__(self, classes=10, width=64, blocks=4):
+    """``stem``/``stem_stride``: the first conv (MLPerf Tiny's KWS: 10x4, stride 2 over 49x10 MFCCs); ``pool``: an
+    average pool of that size (the 8x8 digits), or None for the mean over whatever the blocks leave."""
+
+    def __init__(self, classes=10, width=64, blocks=4, stem=(3, 3), stem_stride=1, pool=8):
         super().__init__()
-        layers = _cbr(1, width, (3, 3), 1)
+        layers = _cbr(1, width, stem, stem_stride)
         for _ in range(blocks):
             layers += _cbr(width, width, 3, 1, groups=width) + _cbr(width, width, 1)
-        self.features = nn.Sequential(*layers, nn.AvgPool2d(8))
+        self.features = nn.Sequential(*layers, *([nn.AvgPool2d(pool)] if pool else []))
+        self.pool = pool
         self.fc = nn.Linear(width, classes)
 
     def forward(self, x):
-        return self.fc(torch.flatten(self.features(x), 1))
+        x = self.features(x)
+        return self.fc(torch.flatten(x, 1) if self.pool else x.mean((2, 3)))
 
 
 class AutoEncoder(nn.Module):
