@@ -259,7 +259,8 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
                golden_count: int, options: dict[str, Any] | None, output_kinds: dict[str, str] | None,
                eval_output: str | None, cache_dir: str | Path | None = None,
                log: Callable[[str], None] = lambda m: None, strict: bool = False,
-               allow_slower_int8: bool = False, search_budget_s: float | None = None) -> BuildCache | None:
+               allow_slower_int8: bool = False, search_budget_s: float | None = None,
+               batch_axes: list[str] | None = None) -> BuildCache | None:
     """The cache for one convert call, its keys computed from the inputs' bytes; None when this build cannot be
     cached (said once per process, with the reason). ``strict`` (--strict: no mixed-precision build) and
     ``allow_slower_int8`` (the speed verdict waived) are keys of their own."""
@@ -279,7 +280,8 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
         return None  # ingest names the problem
     env = environment()
     model_part = _file_part(src, "model")
-    loading = {"model": model_part, "input_shape": input_shape, "consts": consts, "env": env}
+    loading = {"model": model_part, "input_shape": input_shape, "consts": consts, "env": env,
+               **({"batch_axes": sorted(batch_axes)} if batch_axes else {})}  # absent: the keys of older builds
     if (options or {}).get("keras") == "onnx":  # another float graph: the tf2onnx route is analyzed on its own
         loading["route"] = "keras-onnx"
     analysis_key = _digest({"schema": SCHEMA, "stage": "analysis", **loading,

@@ -1,8 +1,10 @@
 """Calibration and evaluation data: ``.npz`` files checked against the model's inputs.
 
 A calibration file holds one array per model input (key = input name; a single-input
-model may use any one key), first axis = samples. An eval file adds ``label`` (class
-indices). Samples are fed one batch at a time with the model's own batch size.
+model may use any one key), first axis = samples: ``[N, *sample]``, the sample being the
+input's shape without its batch axis (``--batch-axis``; the whole shape for an input that has
+none). An eval file adds ``label`` (class indices). Samples are fed one batch at a time with
+the model's own batch size, each input's samples moved to its batch axis.
 """
 
 from __future__ import annotations
@@ -40,11 +42,12 @@ class Dataset:
                        None if self.labels is None else self.labels[idx], self.random)
 
     def batches(self, model: Model, limit: int | None = None):
-        """Yield feeds shaped like the model's inputs (batch = model batch size)."""
-        bs = model.inputs[0].shape[0] if model.inputs[0].shape else 1
+        """Yield feeds shaped like the model's inputs (batch = model batch size, each input's samples on its
+        batch axis)."""
+        bs = model.batch
         n = len(self) if limit is None else min(limit, len(self))
         for i in range(0, n - n % bs, bs):
-            yield {s.name: self.inputs[s.name][i : i + bs] for s in model.inputs}
+            yield {s.name: s.to_model_layout(self.inputs[s.name][i : i + bs]) for s in model.inputs}
 
 
 def draw(n_total: int, n: int, labels: np.ndarray | None, seed: int = 0) -> np.ndarray:
@@ -217,18 +220,12 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
                 f"name the array {spec.name!r}"
             )
         arr = arrays[key]
-        sample = tuple(spec.shape[1:])
-        if arr.ndim == len(spec.shape) - 1 and tuple(arr.shape) == tuple(spec.shape[1:]) and spec.shape[0] == 1:
+        sample = spec.sample_shape
+        if arr.ndim == len(sample) and tuple(arr.shape) == sample and spec.batch == 1:
             arr = arr[None]
         if tuple(arr.shape[1:]) != sample:
-            hint = ""
-            if spec.layout == "nhwc" and arr.ndim == 4 and tuple(arr.shape[1:]) == (sample[2], sample[0], sample[1]):
-                hint = ("; this array looks NCHW, the model takes NHWC (Keras / TensorFlow): "
-                        "save np.transpose(x, (0, 2, 3, 1)) instead")
-            raise InputSpecError(
-                f"{what} {path}: input {spec.name!r} has shape {list(arr.shape)}; "
-                f"the model expects [N, {', '.join(map(str, sample))}] (samples first){hint}"
-            )
+            raise InputSpecError(f"{what} {path}: input {spec.name!r} has shape {list(arr.shape)}; "
+                                 f"{_expects(spec)} (samples first){_shape_hint(spec, arr)}")
         check_values(f"{what} {path}", key, arr)
         inputs[spec.name] = np.ascontiguousarray(arr.astype(spec.dtype, copy=False))
     counts = {len(a) for a in inputs.values()}
@@ -239,9 +236,37 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
     return Dataset(str(path), inputs, labels, False)
 
 
+def _expects(spec) -> str:
+    """What a data file must hold for ``spec``: "the model expects [N, 2, 128]", with where the batch goes."""
+    shown = f"the model expects [N, {', '.join(map(str, spec.sample_shape))}]"
+    if spec.batch_axis is None:
+        return shown + f" (no batch axis: each sample is the whole input {list(spec.shape)})"
+    if spec.batch_axis:
+        return shown + f" (edgekit moves the samples to batch axis {spec.batch_axis} of {list(spec.shape)})"
+    return shown
+
+
+def _shape_hint(spec, arr: np.ndarray) -> str:
+    """Where a data array does not fit: the --batch-axis that would make it fit, or the NHWC transpose."""
+    sample, shape, got = spec.sample_shape, tuple(spec.shape), tuple(arr.shape[1:])
+    if spec.layout == "nhwc" and arr.ndim == 4 and len(sample) == 3 and got == (sample[2], sample[0], sample[1]):
+        return ("; this array looks NCHW, the model takes NHWC (Keras / TensorFlow): "
+                "save np.transpose(x, (0, 2, 3, 1)) instead")
+    fits = [k for k in range(len(shape)) if shape[:k] + shape[k + 1:] == got and k != spec.batch_axis]
+    if got == shape and spec.batch_axis is not None:
+        fits.append(None)
+    if fits:
+        k = fits[0]
+        return (f"; if the model's batch is on axis {k} of {spec.name!r} {list(shape)}, give --batch-axis "
+                f"{spec.name}={k}" if k is not None else
+                f"; if {spec.name!r} has no batch axis (each sample is the whole {list(shape)}), give --batch-axis "
+                f"{spec.name}=none")
+    return ""
+
+
 def random_dataset(model: Model, n: int = 64, seed: int = 0) -> Dataset:
     """Uniform [0, 1) inputs: lets INT8 calibration run, says nothing about accuracy."""
     rng = np.random.default_rng(seed)
-    bs = model.inputs[0].shape[0]
-    inputs = {s.name: rng.random((n * bs, *s.shape[1:])).astype(s.dtype) for s in model.inputs}
+    bs = model.batch
+    inputs = {s.name: rng.random((n * bs, *s.sample_shape)).astype(s.dtype) for s in model.inputs}
     return Dataset("random", inputs, None, True)

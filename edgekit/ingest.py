@@ -24,7 +24,7 @@ from edgekit.errors import InputSpecError, ModelLoadError
 from edgekit.ingest_onnx import load_onnx
 from edgekit.ingest_tf import load_keras, load_saved_model
 from edgekit.ingest_torch import load_factory, load_torch_file
-from edgekit.input_spec import parse_shapes
+from edgekit.input_spec import apply_batch_axes, parse_batch_axes, parse_shapes
 from edgekit.model import KERAS_SUFFIXES, TF_KINDS, TORCH_KINDS, Model, TensorSpec
 
 __all__ = ["FACTORY_RE", "KERAS_SUFFIXES", "TF_KINDS", "TORCH_KINDS", "Model", "TensorSpec", "check_target_takes",
@@ -38,10 +38,17 @@ def load_model(
     input_shapes: list[str] | None = None,
     trust_pickle: bool = False,
     consts: list[str] | None = None,
+    batch_axes: list[str] | None = None,
 ) -> Model:
     """Load ``source`` and fix its input spec. Raises :class:`ModelLoadError` on bad files.
-    ``consts`` (``name=value``, ONNX only) folds inputs into the graph as constants."""
-    shapes = parse_shapes(input_shapes)
+    ``consts`` (``name=value``, ONNX only) folds inputs into the graph as constants; ``batch_axes``
+    (``name=AXIS`` or ``name=none``) says which axis of an input or output holds the batch where it is not 0."""
+    axes = parse_batch_axes(batch_axes)
+    return apply_batch_axes(_load(source, parse_shapes(input_shapes), trust_pickle, consts, axes), axes)
+
+
+def _load(source: str | Path, shapes, trust_pickle: bool, consts: list[str] | None,
+          axes: dict[str, int | None]) -> Model:
     if consts and not str(source).lower().endswith(".onnx"):
         raise InputSpecError("--const folds an input of an ONNX model into its graph; this model is not ONNX "
                              "(fix the value in the model's code before exporting it)")
@@ -62,7 +69,7 @@ def load_model(
         raise ModelLoadError(f"{src} is empty; re-save the model")
     suffix = path.suffix.lower()
     if suffix == ".onnx":
-        return load_onnx(path, shapes, consts)
+        return load_onnx(path, shapes, consts, axes)
     if suffix in (".pt2", ".pt", ".pth", ".ts", ".torchscript", ".jit"):
         return load_torch_file(path, shapes, trust_pickle)
     if suffix in KERAS_SUFFIXES:

@@ -13,7 +13,8 @@ from edgekit.fsutil import sha256_file
 from edgekit.model import Model, TensorSpec
 
 
-def load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
+def load_onnx(path: Path, shapes, consts: list[str] | None = None,
+              batch_axes: dict[str, int | None] | None = None) -> Model:
     """An ONNX file, prepared (edgekit.onnx_prepare.prepare): every input static, ``--const`` inputs folded,
     opset >= 13, constants folded. The prepared graph is what the targets convert and the float reference
     runs; it is checked against the file as given (onnxruntime, seeded inputs) before anything uses it."""
@@ -31,7 +32,7 @@ def load_onnx(path: Path, shapes, consts: list[str] | None = None) -> Model:
         ) from None
     const_values = parse_consts(consts)
     given_dtypes = {i.name: ONNX_DTYPES.get(i.type.tensor_type.elem_type, "float32") for i in proto.graph.input}
-    prep = prepare(path, proto, shapes, const_values)  # edits proto
+    prep = prepare(path, proto, shapes, const_values, batch_axes)  # edits proto
     prepared = save_prepared(prep, digest)
     inputs = [TensorSpec(n, s, d) for n, s, d in prep.inputs]
     outputs = [TensorSpec(vo.name, tuple(d.dim_value if d.HasField("dim_value") else -1

@@ -11,7 +11,7 @@ typed by that stage and kept as JSON objects here.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -35,6 +35,8 @@ class TensorIO(_Record):
     shape: list[int]
     dtype: str
     layout: str | None = None
+    # --batch-axis: the axis holding the batch where it is not 0 ("none": the tensor has no batch axis)
+    batch_axis: int | Literal["none"] | None = None
 
 
 class GoldenTensor(_Record):
@@ -43,9 +45,10 @@ class GoldenTensor(_Record):
     shape: list[int]
     dtype: str
     kind: str | None = None  # outputs: class | regression | mask | index | detection | ctc (the board judges it too)
-    # outputs: the axis of the model's own output that holds the batch (1 for a time-major [T, N, C] recogniser);
-    # the golden array has it first, and the board merges its runs on it (absent in older bundles: 0)
-    batch_axis: int | None = Field(default=None, ge=0, le=8)
+    # the axis of the model's own tensor that holds the batch (1 for a time-major [T, N, C] recogniser or a
+    # recurrent state [layers, N, H]; "none": no batch axis, one sample per run); the golden array has the samples
+    # first: the board moves an input's to this axis and merges its runs' outputs on it (absent: 0)
+    batch_axis: Annotated[int, Field(ge=0, le=8)] | Literal["none"] | None = None
     runtime_name: str | None = None  # the name in the artifact where its format renamed it (Core ML: x.1 -> x_1)
 
 

@@ -21,12 +21,39 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str = "float32"
     layout: str | None = None  # "nhwc" for image inputs of Keras / TensorFlow models; None = as given (torch: NCHW)
+    # the axis that holds the batch (--batch-axis NAME=AXIS): 0 as usual, 1 for a recurrent state [layers, B, H];
+    # None for a tensor with no batch axis (each sample is the whole tensor). Data files keep samples on axis 0.
+    batch_axis: int | None = 0
 
     def to_json(self) -> dict[str, Any]:
         d: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
         if self.layout:
             d["layout"] = self.layout
+        if self.batch_axis != 0:
+            d["batch_axis"] = "none" if self.batch_axis is None else self.batch_axis
         return d
+
+    @property
+    def batch(self) -> int:
+        """The samples one run of the model takes on this tensor (1 where it has no batch axis)."""
+        if self.batch_axis is None or not self.shape:
+            return 1
+        return int(self.shape[self.batch_axis])
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """One sample's shape, as data files hold it after the sample axis: the batch axis taken out (the whole
+        shape where the tensor has no batch axis)."""
+        if self.batch_axis is None or not self.shape:
+            return tuple(self.shape)
+        return tuple(d for i, d in enumerate(self.shape) if i != self.batch_axis)
+
+    def to_model_layout(self, samples: np.ndarray) -> np.ndarray:
+        """``samples`` ([batch, *sample_shape], samples first) as the model takes them: the sample axis moved to
+        the batch axis (a tensor without one takes its one sample as it is)."""
+        if self.batch_axis is None:
+            return samples[0]
+        return np.moveaxis(samples, 0, self.batch_axis) if self.batch_axis else samples
 
 
 TORCH_KINDS = ("exported_program", "torchscript", "factory", "pickle")
@@ -49,6 +76,12 @@ class Model:
     onnx_prep: Any = None  # edgekit.onnx_prepare.Prepared: how an ONNX file was made static (steps, consts)
     bridge: str | None = None  # "onnx2torch 1.5.15": an ONNX model rebuilt in torch for a torch-only converter
     _reference: Any = field(default=None, repr=False, compare=False)  # made once: an ONNX model's is a session
+
+    @property
+    def batch(self) -> int:
+        """The samples one run takes: the batch-axis size of the first input that has a batch axis (1 where none
+        has one)."""
+        return next((s.batch for s in self.inputs if s.batch_axis is not None and s.shape), 1)
 
     @property
     def is_torch(self) -> bool:

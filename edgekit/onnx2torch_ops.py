@@ -329,5 +329,18 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
         return OperationConverterResult(torch_module=Clip(), onnx_mapping=OnnxMapping(
             inputs=tuple(v for v in (ins[0], lo, hi) if v), outputs=tuple(node.output_values)))
 
+    def gather(node, graph):  # a constant index (a recurrent state's layer: state[0]) taken as Python ints
+        p = params(node, graph)
+        if p is None or not p or p[0] is None or p[0].ndim > 1 or const(graph, node.input_values[0]) is not False:
+            return None
+        axis, index = int(node.attributes.get("axis", 0)), p[0]
+        if index.ndim == 0:
+            i = int(index)
+            return result(node, lambda x: torch.select(x, axis, i + x.shape[axis] if i < 0 else i),
+                          f"Gather({i}, axis={axis})")
+        rows = [int(v) for v in index]
+        return result(node, lambda x: torch.index_select(x, axis, torch.tensor(
+            [r + x.shape[axis] if r < 0 else r for r in rows], dtype=torch.long)), f"Gather({rows}, axis={axis})")
+
     return {"Slice": slice_, "Squeeze": squeeze, "Unsqueeze": unsqueeze, "Pad": pad, "Resize": resize,
-            "Expand": expand, "Tile": tile, "Clip": clip}
+            "Expand": expand, "Tile": tile, "Clip": clip, "Gather": gather}

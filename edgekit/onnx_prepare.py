@@ -77,9 +77,10 @@ def model_inputs(proto) -> list:
 
 
 def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
-            consts: dict[str, np.ndarray]) -> Prepared:
+            consts: dict[str, np.ndarray], batch_axes: dict[str, int | None] | None = None) -> Prepared:
     """The graph with every input static, ``consts`` folded in, opset >= 13 where it was lower, constants
-    folded by onnxslim. Raises InputSpecError naming the input and the flag when a dimension is unknown."""
+    folded by onnxslim. A dynamic dimension on an input's batch axis (axis 0, or the one ``--batch-axis`` names in
+    ``batch_axes``) is set to 1. Raises InputSpecError naming the input and the flag when a dimension is unknown."""
     onnx = require("onnx")
     from onnx import numpy_helper
 
@@ -137,13 +138,20 @@ def prepare(path: Path, proto, shapes: list[tuple[str | None, tuple[int, ...]]],
                                  f"{vi.name}:D0,D1,...")
         else:
             unknown = [k for k, d in enumerate(dims) if not isinstance(d, int)]
-            if unknown and unknown != [0]:
+            axis = (batch_axes or {}).get(vi.name, 0)
+            if axis is not None and axis < 0:
+                axis += len(dims)
+            if unknown and unknown != [axis]:
+                hint = (f", or, where that axis holds the batch (a recurrent state [layers, B, H]), "
+                        f"--batch-axis {vi.name}={unknown[0]}" if len(unknown) == 1 and vi.name not in (batch_axes or {})
+                        else "")
                 raise InputSpecError(
                     f"{path}: input {vi.name!r} has dynamic dimensions {_show(dims)}; give its size for this "
-                    f"board: --input-shape {vi.name}:{','.join('1' if k == 0 and not isinstance(d, int) else str(d) if isinstance(d, int) else 'N' for k, d in enumerate(dims))}")
+                    f"board: --input-shape {vi.name}:{','.join('1' if k == axis and not isinstance(d, int) else str(d) if isinstance(d, int) else 'N' for k, d in enumerate(dims))}{hint}")
             shape = tuple(1 if not isinstance(d, int) else d for d in dims)  # dynamic batch: batch 1 on the edge
             if unknown:
-                steps.append(f"input {vi.name}: dynamic first dimension {dims[0] or '?'} set to 1")
+                which = "first dimension" if axis == 0 else f"batch dimension (axis {axis})"
+                steps.append(f"input {vi.name}: dynamic {which} {dims[axis] or '?'} set to 1")
         del tt.shape.dim[:]
         for s in shape:
             tt.shape.dim.add().dim_value = int(s)

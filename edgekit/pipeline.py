@@ -79,6 +79,7 @@ def convert(
     input_shape: list[str] | None = None,
     trust_pickle: bool = False,
     consts: list[str] | None = None,
+    batch_axes: list[str] | None = None,
     board_set: list[str] | None = None,
     opset: int | None = None,
     golden_count: int = stages.GOLDEN_DEFAULT,
@@ -128,10 +129,11 @@ def convert(
     from edgekit.converters import ConvertJob, get_converter
 
     req = check_request(target, board, board_set, precision, golden_count, opset, max_data_mb, out, tolerance,
-                        options)  # every option is checked before any work
+                        options, batch_axes)  # every option is checked before any work
     tgt, brd, precision, options = req.target, req.board, req.precision, req.options
     bc = build_cache.open_cache(
         model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
+        batch_axes=batch_axes,
         trust_pickle=trust_pickle, opset=opset, golden_count=golden_count, options=options, strict=strict,
         output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log,
         allow_slower_int8=allow_slower_int8, search_budget_s=search_budget_s) if cache else None
@@ -151,7 +153,7 @@ def convert(
         work = Path(tmp)
         with clock.stage("ingest"):
             ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb, consts,
-                                keras_via_onnx=(options or {}).get("keras") == "onnx")
+                                keras_via_onnx=(options or {}).get("keras") == "onnx", batch_axes=batch_axes)
         with clock.stage("analyze"):
             if analysis is None and bc is not None:  # the float export + analysis, cached without the precision
                 analysis = bc.analysis(ing.model, tgt, work, opset, log)

@@ -13,6 +13,7 @@ from typing import Any
 from edgekit.data import max_data_bytes
 from edgekit.errors import InputSpecError, ProfileError
 from edgekit.fsutil import check_replaceable
+from edgekit.input_spec import parse_batch_axes
 from edgekit.profiles import Board, Target, default_board, load_board, load_target, override_tolerances
 from edgekit.stages import GOLDEN_DEFAULT, check_precision
 
@@ -31,7 +32,8 @@ class Request:
 
 def check_request(target: str, board: str | None, board_set: list[str] | None, precision: str | None,
                   golden_count: int, opset: int | None, max_data_mb: float | None, out: str | Path | None,
-                  tolerance: dict[str, float] | None, options: dict[str, Any] | None) -> Request:
+                  tolerance: dict[str, float] | None, options: dict[str, Any] | None,
+                  batch_axes: list[str] | None = None) -> Request:
     """Every argument of a convert call checked, and the profiles it names loaded; raises the EdgekitError that says
     what was wrong. ``--calib`` for INT8 is checked by the data stage: an op refusal comes first."""
     from edgekit.converters import check_options
@@ -42,6 +44,7 @@ def check_request(target: str, board: str | None, board_set: list[str] | None, p
     if opset is not None and not MIN_OPSET <= opset <= MAX_OPSET:
         raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
                              "or leave it out for the target's default")
+    parse_batch_axes(batch_axes)  # a malformed --batch-axis is refused before the build cache answers
     max_data_bytes(max_data_mb)  # a bad --max-data-mb is refused even when the build then comes from the cache
     if out is not None:  # a foreign -o is refused before minutes of work, and again at the end
         check_replaceable(Path(os.path.abspath(out)))

@@ -155,11 +155,12 @@ def check_calibration(precision: str, given: bool) -> None:
 
 def ingest(model: str | Path | Model, target: Target, input_shape: list[str] | None, trust_pickle: bool,
            calib: str | None, eval_data: str | None, max_data_mb: float | None,
-           consts: list[str] | None = None, keras_via_onnx: bool = False) -> Ingested:
+           consts: list[str] | None = None, keras_via_onnx: bool = False,
+           batch_axes: list[str] | None = None) -> Ingested:
     """ingest: the model (refused early when the target does not take its kind) and its data files. An ONNX
     model for a converter that reads torch is bridged here (edgekit.onnx_bridge), checked against onnxruntime."""
     check_target_takes(model, target)  # Keras / SavedModel / ONNX: refused by name before loading a framework
-    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle, consts)
+    m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle, consts, batch_axes)
     m = for_converter(m, target, keras_via_onnx)
     calib_ds = random_dataset(m) if calib == "random" else (
         load_npz(calib, m, what="--calib", max_mb=max_data_mb) if calib else None)
@@ -262,7 +263,7 @@ def data(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str
             idx = np.searchsorted(held, idx)
             record["indices_in"] = "the held-out eval samples"
         rest = np.setdiff1d(np.arange(len(calib_ds)), held)
-        bs = ing.model.inputs[0].shape[0] if ing.model.inputs[0].shape else 1
+        bs = ing.model.batch
         if len(rest) >= bs:
             calib_ds = calib_ds.subset(rest)
             record["held_out_of_calibration"] = int(len(held))
@@ -305,10 +306,10 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], prep: Prepared, tol
         runner(feeds[0])
     except Exception as exc:  # noqa: BLE001 - every runtime raises its own types for an artifact it cannot load
         from edgekit.quiet import first_line
-        from edgekit.verify import run_all
+        from edgekit.verify import run_all, samples_first
 
-        ref = run_all(run_ref, feeds)
-        gin = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+        ref = run_all(run_ref, feeds, m)
+        gin = samples_first(m, feeds)
         v = Verification(runtime, precision, len(ref[0]), prep.golden.source, [], failures=[
             f"the artifact does not load or run in {runtime} ({type(exc).__name__}: {first_line(exc, 300)})"])
     else:
@@ -377,7 +378,10 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
     g_inputs, g_outputs = [], []
     for i, spec in enumerate(m.inputs):
         arrays[f"input_{i}"] = golden_in[spec.name]
-        g_inputs.append({"name": spec.name, "key": f"input_{i}", "shape": list(spec.shape), "dtype": spec.dtype})
+        g_inputs.append({"name": spec.name, "key": f"input_{i}", "shape": list(spec.shape), "dtype": spec.dtype,
+                         # the golden array holds samples first; the board moves them to this axis of the input
+                         **({"batch_axis": "none" if spec.batch_axis is None else spec.batch_axis}
+                            if spec.batch_axis != 0 else {})})
     for i, (spec, arr) in enumerate(zip(m.outputs, golden_out, strict=True)):
         arrays[f"output_{i}"] = arr
         g_outputs.append({"name": spec.name, "key": f"output_{i}", "shape": list(arr.shape[1:]), "dtype": str(arr.dtype),

@@ -61,7 +61,7 @@ def tf_convert(model: Any, dest: Path, precision: str, calib: Any = None, work_d
             raise InputSpecError("int8 needs calibration data: give --calib FILE.npz")
         feeds = list(calib.batches(model))
         if not feeds:
-            raise InputSpecError(f"--calib {calib.source}: no batch of {model.inputs[0].shape[0]} samples in it")
+            raise InputSpecError(f"--calib {calib.source}: no batch of {model.batch} samples in it")
 
         def representative():
             for feed in feeds:

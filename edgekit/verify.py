@@ -38,7 +38,9 @@ class OutputCheck:
     kind: str = "regression"  # class | regression | mask | index | detection | ctc
     metrics: dict[str, float] = field(default_factory=dict)  # the kind's own: snr_db, cosine, top5, iou, exact
     worst_sample: int | None = None  # golden sample index with the largest error
-    batch_axis: int = 0  # the axis of the model's own output that holds the batch (1 for a time-major [T, N, C])
+    # the axis of the model's own output that holds the batch (1 for a time-major [T, N, C] or a recurrent state
+    # [layers, N, H]); "none" for an output without one (one sample per run, --batch-axis NAME=none)
+    batch_axis: int | str = 0
     # the checks whose bars decide this output's verdict: its kind's task metric where the tolerance sets one
     # (top1_agreement, snr_db, iou ...), max_rel_error where there is none (or it fails, or max_error_decides)
     decided_by: list[str] = field(default_factory=list)
@@ -112,9 +114,10 @@ def accuracy_drop(float_right: np.ndarray, converted_right: np.ndarray) -> dict[
             "lost": lost, "won": won}
 
 
-def run_all(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
-    """Every feed through ``runner``; one array per output with the samples on axis 0."""
-    return run_all_axes(runner, feeds)[0]
+def run_all(runner: Runner, feeds: list[dict[str, np.ndarray]], model: Model | None = None) -> list[np.ndarray]:
+    """Every feed through ``runner``; one array per output with the samples on axis 0 (``model``: its batch size
+    and declared output batch axes; without it both are inferred from the feeds)."""
+    return run_all_axes(runner, feeds, model)[0]
 
 
 def feed_batch(feed: dict[str, np.ndarray]) -> int:
@@ -122,19 +125,41 @@ def feed_batch(feed: dict[str, np.ndarray]) -> int:
     return next((int(np.shape(v)[0]) for v in feed.values() if np.ndim(v)), 1)
 
 
-def run_all_axes(runner: Runner, feeds: list[dict[str, np.ndarray]]) -> tuple[list[np.ndarray], list[int]]:
+def declared_output_axes(model: Model | None) -> list[int | str | None] | None:
+    """Per output, the batch axis ``--batch-axis`` declared or a state input gave it (``"none"``: no batch axis,
+    one sample per run), None where it is inferred from the outputs; None for a model that declares none."""
+    if model is None or all(s.batch_axis == 0 for s in model.outputs):
+        return None
+    return [None if s.batch_axis == 0 else "none" if s.batch_axis is None else s.batch_axis for s in model.outputs]
+
+
+def run_all_axes(runner: Runner, feeds: list[dict[str, np.ndarray]], model: Model | None = None
+                 ) -> tuple[list[np.ndarray], list[int | str]]:
     """As run_all, and the axis each output keeps its batch on (a time-major [T, N, C] output: 1); the merged
     arrays have it moved first (firmware/common/edgekit_smoke.merge_batches, which the board runs too)."""
-    return output_checks().merge_batches([runner(f) for f in feeds], feed_batch(feeds[0]))
+    batch = model.batch if model is not None else feed_batch(feeds[0])
+    return output_checks().merge_batches([runner(f) for f in feeds], batch, declared_output_axes(model))
 
 
-def run_pair(reference: Runner, artifact: Runner, feeds: list[dict[str, np.ndarray]]
-             ) -> tuple[list[np.ndarray], list[np.ndarray], list[int]]:
+def run_pair(reference: Runner, artifact: Runner, feeds: list[dict[str, np.ndarray]], model: Model | None = None
+             ) -> tuple[list[np.ndarray], list[np.ndarray], list[int | str]]:
     """The float and the converted outputs on ``feeds``, both merged on the batch axes the float outputs show
     (so a converted output is read exactly as its float one)."""
-    ref, axes = run_all_axes(reference, feeds)
-    got = output_checks().merge_batches([artifact(f) for f in feeds], feed_batch(feeds[0]), axes)[0]
+    ref, axes = run_all_axes(reference, feeds, model)
+    batch = model.batch if model is not None else feed_batch(feeds[0])
+    got = output_checks().merge_batches([artifact(f) for f in feeds], batch, axes)[0]
     return ref, got, axes
+
+
+def samples_first(model: Model, feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The inputs of ``feeds`` joined as a data file holds them: ``[N, *sample]`` per input (each batch axis moved
+    first; an input without one stacked, one sample per run)."""
+    out = {}
+    for s in model.inputs:
+        parts = [f[s.name] for f in feeds]
+        out[s.name] = (np.stack(parts) if s.batch_axis is None else
+                       np.concatenate([np.moveaxis(p, s.batch_axis, 0) for p in parts]))
+    return out
 
 
 def top1_right(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
@@ -153,8 +178,8 @@ def eval_accuracy(runner: Runner, model: Model, ds: Dataset, output: int | None 
     if output is None:
         output = pick_eval_output(model, infer_kinds(model, model.reference(), ds), None)
     feeds = list(ds.batches(model))
-    n = sum(len(next(iter(f.values()))) for f in feeds)
-    return top1_accuracy(run_all(runner, feeds)[output], ds.labels[:n])
+    n = len(feeds) * model.batch
+    return top1_accuracy(run_all(runner, feeds, model)[output], ds.labels[:n])
 
 
 def output_checks() -> Any:
@@ -167,7 +192,7 @@ def output_checks() -> Any:
 def reference_outputs(model: Model, reference: Runner, golden: Dataset) -> list[np.ndarray]:
     """The float outputs on the golden samples (batches of 16), as ``infer_kinds`` reads them."""
     feeds = list(golden.batches(model, min(len(golden), 16)))
-    return run_all(reference, feeds) if feeds else [np.zeros((0, *s.shape[1:])) for s in model.outputs]
+    return run_all(reference, feeds, model) if feeds else [np.zeros((0, *s.sample_shape)) for s in model.outputs]
 
 
 def infer_kinds(model: Model, reference: Runner, golden: Dataset, overrides: dict[str, str] | None = None,
@@ -238,7 +263,7 @@ def verify(
     (``firmware/common/edgekit_smoke.check_output``); ``kinds`` default to what the float outputs show."""
     smoke = output_checks()
     feeds = list(golden.batches(model, golden_count))
-    ref, got, axes = run_pair(reference, artifact, feeds)
+    ref, got, axes = run_pair(reference, artifact, feeds, model)
     names = [s.name for s in model.outputs]
     kinds = kinds or {n: smoke.infer_kind(r, len(names)) for n, r in zip(names, ref, strict=True)}
     checks, failures = [], []
@@ -254,14 +279,14 @@ def verify(
             None if agree is None else wilson(agree, len(r)), kinds[name], metrics, c["worst_sample"], axis,
             c["decided_by"], c["warnings"]))
         failures += c["failures"]
-    golden_inputs = {k: np.concatenate([f[k] for f in feeds]) for k in feeds[0]}
+    golden_inputs = samples_first(model, feeds)
     v = Verification(runtime, precision, len(ref[0]), golden.source, checks, failures=failures)
     if golden.random:
         v.notes.append("golden inputs are random: the outputs are compared, but accuracy on real data is unknown")
     if eval_data is not None:
         efeeds = list(eval_data.batches(model))
-        n = sum(len(next(iter(f.values()))) for f in efeeds)
-        fref, fgot, _ = run_pair(reference, artifact, efeeds)
+        n = len(efeeds) * model.batch
+        fref, fgot, _ = run_pair(reference, artifact, efeeds, model)
         v.eval_samples = n
         positions, eval_failures = {}, {}
         for i, name in enumerate(names):

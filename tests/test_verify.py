@@ -334,16 +334,15 @@ def test_class_disagreements_on_near_ties_are_counted_and_named():
 def test_eval_agreement_on_non_finite_outputs_is_a_note_not_a_traceback():
     """A converted model that gives NaN on the eval samples (no labels) has no top-1 or text agreement to report:
     verification says so in a note and fails on the golden samples; it raised KeyError before."""
-    from types import SimpleNamespace as NS
-
     import numpy as np
 
     from edgekit.data import Dataset
+    from edgekit.model import Model, TensorSpec
     from edgekit.profiles import load_target
     from edgekit.verify import verify
 
     tol = load_target("jetson").tolerances["int8"]
-    model = NS(inputs=[NS(name="x", shape=[1, 4])], outputs=[NS(name="y")])
+    model = Model("t", "onnx", "", [TensorSpec("x", (1, 4))], [TensorSpec("y", ())])
     ds = Dataset("t", {"x": np.random.default_rng(0).normal(size=(20, 4)).astype(np.float32)}, None)
     probs = np.array([[0.7, 0.2, 0.1]])
     for kind, shape in (("class", (3,)), ("ctc", (5, 3))):
@@ -456,16 +455,15 @@ def _verify_arrays(ref_out, got_out, tol, kind, eval_ref=None, eval_got=None):
     """edgekit.verify.verify on fixed arrays: the 'float model' and the 'artifact' answer each golden (and eval)
     sample with its row of ``ref_out`` / ``got_out`` (``eval_*``: the eval samples' rows), the sample's index
     being its input."""
-    from types import SimpleNamespace as NS
-
     import numpy as np
 
     from edgekit.data import Dataset
+    from edgekit.model import Model, TensorSpec
     from edgekit.verify import verify
 
     n = len(ref_out)
     golden = Dataset("golden", {"x": np.arange(n, dtype=np.float32).reshape(n, 1)}, None)
-    model = NS(inputs=[NS(name="x", shape=[1, 1])], outputs=[NS(name="y")])
+    model = Model("t", "onnx", "", [TensorSpec("x", (1, 1))], [TensorSpec("y", ())])
     rows = {"ref": ref_out, "got": got_out}
     if eval_ref is not None:  # the eval samples' inputs are their indices offset by n
         rows = {"ref": np.concatenate([ref_out, eval_ref]), "got": np.concatenate([got_out, eval_got])}

@@ -125,7 +125,7 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
             stats[observer] = (copy.deepcopy(prepared), n_batches)
         converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
     if not dynamic and n_batches == 0:
-        raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+        raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.batch} samples in it")
     return converted, q, n_batches
 
 

@@ -190,9 +190,11 @@ class CoreMLConverter:
         from edgekit.converters.coreml.mil import load_program
 
         interp = MILInterpreter(load_program(pkg, decompress=True))
-        batch = job.model.inputs[0].shape[0]
+        batch, specs = job.model.batch, {s.name: s for s in job.model.inputs}
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+            if all(tuple(v.shape) == tuple(specs[k].shape) for k, v in feeds.items() if k in specs):
+                return interp({rn[k]: v for k, v in feeds.items()})  # one run (each input on its batch axis)
             n = next(iter(feeds.values())).shape[0]
             parts = [interp({rn[k]: v[i:i + batch] for k, v in feeds.items()}) for i in range(0, n, batch)]
             return [np.concatenate([p[j] for p in parts]) for j in range(len(parts[0]))]

@@ -61,7 +61,7 @@ def _feeds(job: ConvertJob, samples: int) -> list[dict[str, np.ndarray]]:
 
 
 def _batch(job: ConvertJob) -> int:
-    return max(1, job.model.inputs[0].shape[0] if job.model.inputs[0].shape else 1)
+    return max(1, job.model.batch)
 
 
 def _judge(job: ConvertJob, ref: list[list[np.ndarray]], got: list[list[np.ndarray]], w8a8: bool = False

@@ -108,7 +108,7 @@ def a16_source(job: ConvertJob, layout: str) -> A16:
         q.load_quantization_recipe(_a16_recipe())
         ranges, n_batches = _a16_ranges(job, q, sig, sig_names, layout)
     if n_batches == 0:
-        raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.inputs[0].shape[0]} samples in it")
+        raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.batch} samples in it")
     g = TFLiteGraph(src)
     outputs = {g.tensor_name(o[2][0]) for o in g.operators() if o[2]}
     a = A16(src, q, ranges, n_batches, outputs)

@@ -58,6 +58,12 @@ ConstOpt = Annotated[
     typer.Option("--const", help="ONNX: fold an input into the graph as a constant, e.g. sr=16000 (repeat per input)"),
 ]
 
+BatchAxisOpt = Annotated[
+    list[str] | None,
+    typer.Option("--batch-axis", help="the axis of an input or output that holds the batch, where not 0: "
+                 "NAME=AXIS, e.g. state=1 for a recurrent state [layers, B, H], or NAME=none (repeat per tensor)"),
+]
+
 CacheDirOpt = Annotated[
     str | None,
     typer.Option("--cache-dir", help="build cache folder (default $EDGEKIT_CACHE_DIR, else cache/ in edgekit's data folder)"),

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import CacheDirOpt, ConstOpt, SetOpt, ShapeOpt, app, console, err, mb
+from edgekit.cli.common import BatchAxisOpt, CacheDirOpt, ConstOpt, SetOpt, ShapeOpt, app, console, err, mb
 
 
 @app.command()
@@ -23,6 +23,7 @@ def convert(
     eval_data: Annotated[str | None, typer.Option("--eval", help="eval .npz with inputs and 'label': float vs converted accuracy")] = None,
     input_shape: ShapeOpt = None,
     const: ConstOpt = None,
+    batch_axis: BatchAxisOpt = None,
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle", help="allow torch.load of a pickled module (runs code from the file)")] = False,
     board_set: SetOpt = None,
     opset: Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: the target's)")] = None,
@@ -48,7 +49,7 @@ def convert(
     with StageProgress(live=not verbose) as progress:
         res = run_convert(
             model, target=target, out=out, board=board, precision=precision, calib=calib, eval_data=eval_data,
-            input_shape=input_shape, consts=const, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
+            input_shape=input_shape, consts=const, batch_axes=batch_axis, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
             golden_count=golden, options=parse_overrides(option, "--option", "allow_float_fallback=true") or None,
             max_data_mb=max_data_mb, output_kinds={k: str(v) for k, v in parse_overrides(
                 output_kind, "--output-kind", "landmarks=regression").items()} or None,
@@ -120,6 +121,7 @@ def inspect(
     target: Annotated[str | None, typer.Option("--target", "-t", help="also check ops against this target")] = None,
     input_shape: ShapeOpt = None,
     const: ConstOpt = None,
+    batch_axis: BatchAxisOpt = None,
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="machine-readable output")] = False,
     top: Annotated[int, typer.Option("--top", help="rows in the per-layer table (0 = all)")] = 0,
@@ -139,7 +141,8 @@ def inspect(
     opts = check_options(tgt.converter, parse_overrides(option, "--option", "allow_float_fallback=true")) if tgt else {}
     if precision and tgt is not None and precision != "auto":
         stages.check_precision(precision, tgt, load_board(board) if board else default_board(tgt.name))
-    m = stages.ingest(model, tgt, input_shape, trust_pickle, None, None, None, const).model  # convert's ingest stage
+    m = stages.ingest(model, tgt, input_shape, trust_pickle, None, None, None, const,
+                      batch_axes=batch_axis).model  # convert's ingest stage
     with work_dir("edgekit-") as tmp:
         # the same analysis as convert's analyze stage (ONNX graph; fp32 .tflite for Keras / SavedModel)
         stats, _ = analyze_model(m, Path(tmp), tgt)

@@ -330,7 +330,12 @@ def merge_batches(parts, batch, axes=None):
         arrs = [np.asarray(p[k]) for p in parts]
         if arrs[0].ndim == 0:
             arrs = [a.reshape(1) for a in arrs]
-        ax = output_batch_axis(arrs[0].shape, batch) if axes is None or axes[k] is None else int(axes[k])
+        ax = output_batch_axis(arrs[0].shape, batch) if axes is None or axes[k] is None else axes[k]
+        if ax == "none":  # no batch axis: each run's output is one sample's
+            merged.append(np.stack(arrs))
+            used.append(ax)
+            continue
+        ax = int(ax)
         if not 0 <= ax < arrs[0].ndim:
             raise ValueError("output %d: batch_axis %d is not an axis of its %d-d output (manifest.json: "
                              "rebuild the bundle)" % (k, ax, arrs[0].ndim))
@@ -352,12 +357,28 @@ def compare(outputs, golden, manifest):
     return checks
 
 
+def run_batch(ins):
+    """The samples one run takes: the batch-axis size of the first golden input that has a batch axis
+    (``batch_axis`` in the manifest: absent = 0, "none" = the input has none), else 1."""
+    for s in ins:
+        ax = s.get("batch_axis") or 0
+        if ax != "none" and s["shape"]:
+            return int(s["shape"][ax])
+    return 1
+
+
 def golden_feeds(golden, manifest):
     """The golden inputs as model-sized batches: a list of {input name: array} (the name in the artifact:
-    ``runtime_name`` where its format renamed the input)."""
+    ``runtime_name`` where its format renamed the input). The golden arrays hold samples first; each input's
+    samples go to its batch axis (a recurrent state [layers, N, H]: axis 1), or, where it has none, one a run."""
     ins = manifest["golden"]["inputs"]
-    bs = ins[0]["shape"][0]
-    return [{s.get("runtime_name") or s["name"]: golden[s["key"]][i:i + bs] for s in ins}
+    bs = run_batch(ins)
+
+    def place(s, part):
+        ax = s.get("batch_axis") or 0
+        return part[0] if ax == "none" else np.moveaxis(part, 0, ax) if ax else part
+
+    return [{s.get("runtime_name") or s["name"]: place(s, golden[s["key"]][i:i + bs]) for s in ins}
             for i in range(0, manifest["golden"]["samples"], bs)]
 
 
@@ -394,7 +415,7 @@ class Smoke(object):
         """``run(feed) -> list of outputs`` over every golden batch, compared with the manifest's tolerance."""
         outs = [run(feed) for feed in golden_feeds(golden, self.manifest)]
         specs = self.manifest["golden"]["outputs"]
-        merged, _ = merge_batches(outs, self.manifest["golden"]["inputs"][0]["shape"][0],
+        merged, _ = merge_batches(outs, run_batch(self.manifest["golden"]["inputs"]),
                                   [s.get("batch_axis", 0) for s in specs])
         per = compare(merged, golden, self.manifest)
         for c in per:

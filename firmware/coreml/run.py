@@ -29,7 +29,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for _d in (HERE, os.path.join(os.path.dirname(HERE), "common")):
     if _d not in sys.path:
         sys.path.insert(0, _d)
-from edgekit_smoke import Smoke, log, read_manifest  # noqa: E402
+from edgekit_smoke import Smoke, golden_feeds, log, read_manifest  # noqa: E402
 COMPUTE_UNITS = ("ALL", "CPU_ONLY", "CPU_AND_GPU", "CPU_AND_NE")
 
 
@@ -110,8 +110,7 @@ def main(argv=None, load=load_runtime):
     if model is not None:
         golden = np.load(os.path.join(bundle, manifest["golden"]["file"]))
         smoke.golden(model, golden)
-        feed = {s.get("runtime_name") or s["name"]: golden[s["key"]][0:s["shape"][0]]
-                for s in manifest["golden"]["inputs"]}
+        feed = golden_feeds(golden, manifest)[0]  # one run's inputs, each on its batch axis
         # this script never runs on the phone (the XCTest does): a Mac's latency, or a Linux host's
         # with an injected runtime, says nothing about the device's budget, so it is reported, not judged
         smoke.latency(lambda: model(feed), args.warmup, args.iters, judge=False, on_device=False,

@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for _d in (HERE, os.path.join(os.path.dirname(HERE), "common")):
     if _d not in sys.path:
         sys.path.insert(0, _d)
-from edgekit_smoke import Smoke, log, read_manifest  # noqa: E402
+from edgekit_smoke import Smoke, golden_feeds, log, read_manifest  # noqa: E402
 
 
 # ----------------------------------------------------------------- power
@@ -343,7 +343,7 @@ def main(argv=None):
     if model is not None:
         golden = np.load(os.path.join(bundle, manifest["golden"]["file"]))
         smoke.golden(model, golden)
-        feed = {s["name"]: golden[s["key"]][0:s["shape"][0]] for s in manifest["golden"]["inputs"]}
+        feed = golden_feeds(golden, manifest)[0]  # one run's inputs, each on its batch axis
         rails = find_power_rails()
         sampler = PowerSampler(rails) if rails else None
         if sampler:

@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 for _d in (HERE, os.path.join(os.path.dirname(HERE), "common")):
     if _d not in sys.path:
         sys.path.insert(0, _d)
-from edgekit_smoke import Smoke, log, read_manifest  # noqa: E402
+from edgekit_smoke import Smoke, golden_feeds, log, read_manifest  # noqa: E402
 
 
 def import_interpreter(prefer="auto"):
@@ -129,7 +129,8 @@ def main(argv=None):
         golden = np.load(os.path.join(bundle, manifest["golden"]["file"]))
         ins = manifest["golden"]["inputs"]
         smoke.golden(lambda feed: model([feed[s["name"]] for s in ins]), golden)
-        model.set_inputs([golden[s["key"]][0:s["shape"][0]] for s in ins])
+        first = golden_feeds(golden, manifest)[0]  # one run's inputs, each on its batch axis
+        model.set_inputs([first[s.get("runtime_name") or s["name"]] for s in ins])
         smoke.latency(model.interp.invoke, args.warmup, args.iters)  # the interpreter alone, inputs set once
         smoke.memory()
         smoke.power(why_not="no power rails read by this runner")
