@@ -79,8 +79,52 @@ def test_squeeze_excitation_scale_is_refused_as_a_limit_of_hls4ml(tmp_path):
             y = y * torch.nn.functional.hardsigmoid(self.gate(y.mean((2, 3), keepdim=True)))
             return self.fc(y.flatten(1))
 
-    with pytest.raises(UnsupportedOpError, match=r"Mul .*hls4ml's Mul merge takes two tensors of one shape"):
+    with pytest.raises(UnsupportedOpError, match=r"Mul .*hls4ml's Mul merge layer takes two tensors of one shape"):
         convert(_export(tmp_path, SE()), target="fpga", precision="int8", calib=str(tmp_path / "calib.npz"),
+                out=tmp_path / "b", cache=False)
+    assert not (tmp_path / "b").exists()
+
+
+def _keras_like(tmp_path, one_sided: bool):
+    """What Keras models bring (MLPerf Tiny's published .h5 files): an NHWC input transposed to NCHW at the start,
+    and TensorFlow's SAME padding at stride 2 (one-sided: ONNX pads [0, 0, 1, 1])."""
+    import torch
+
+    F = torch.nn.functional
+
+    class Keras(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(3, 8, 3, stride=2, padding=0 if one_sided else 1)
+            self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.fc = torch.nn.Linear(8, 4)
+
+        def forward(self, x):  # x: [N, H, W, C]
+            x = x.permute(0, 3, 1, 2)
+            y = torch.relu(self.c1(F.pad(x, (0, 1, 0, 1)) if one_sided else x))
+            return self.fc(torch.relu(self.c2(y)).mean((2, 3)))
+
+    torch.manual_seed(0)
+    path = tmp_path / "keras_like.pt2"
+    torch.export.save(torch.export.export(Keras().eval(), (torch.zeros(1, 8, 8, 3),)), path)
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).random((96, 8, 8, 3), dtype=np.float32))
+    return path
+
+
+@pytest.mark.slow  # ~30 s: hls4ml C simulation
+def test_channels_last_input_is_bit_exact(tmp_path):
+    """The NHWC input's transpose is done on the host (the fabric streams channels-last anyway)."""
+    res = _convert(_keras_like(tmp_path, False), tmp_path, calib=tmp_path / "calib.npz", eval_data=None)
+    be = res.manifest["artifact"]["bit_exact"]
+    assert be["exact"] == be["samples"] > 64 and be["max_abs_diff"] == 0.0
+    assert res.verification.passed, res.verification.failures
+
+
+def test_one_sided_conv_padding_is_refused_before_calibration(tmp_path):
+    from edgekit.pipeline import convert
+
+    with pytest.raises(UnsupportedOpError, match=r"padded on one side only .*not bit-exact"):
+        convert(_keras_like(tmp_path, True), target="fpga", precision="int8", calib=str(tmp_path / "calib.npz"),
                 out=tmp_path / "b", cache=False)
     assert not (tmp_path / "b").exists()
 

@@ -57,6 +57,10 @@ class Hls4mlConverter:
         import onnx
 
         proto = onnx.load(str(clean))
+        perm = fg.strip_input_transpose(proto)  # a channels-last (Keras) input: its Transpose goes
+        if perm:
+            calib = np.ascontiguousarray(calib.transpose(perm))
+            job.log(f"channels-last input: its Transpose {list(perm)} is done on the host before the fabric")
         gm, layers = fg.standardize(fg.to_torch(proto, str(job.model.source)), proto, calib,
                                     job.target.missing_ops)
         is_cnn = any("conv" in lay["kind"] for lay in layers)  # streamed channels-last (io_stream)
@@ -109,7 +113,7 @@ class Hls4mlConverter:
                                     "every layer needs a precision inferred from its quantizer")
 
         table = next((n for n in mw.graph.node if n.op_type in fq.TABLE_ACTS), None)
-        state = {"hm": hm, "mw": mw, "iq": iq, "cnn": is_cnn, "checked": 0, "first_mismatch": None,
+        state = {"hm": hm, "mw": mw, "iq": iq, "cnn": is_cnn, "checked": 0, "first_mismatch": None, "perm": perm,
                  "table": {"node": table.name, "op": table.op_type, "tolerance": TABLE_TOL[table.op_type]}
                  if table is not None else None}
         self._compiled[str(job.out_dir)] = state
@@ -176,7 +180,10 @@ class Hls4mlConverter:
         name = job.model.inputs[0].name
 
         def run(feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
-            x = fabric_input(state, feeds[name])
+            x = feeds[name]
+            if state.get("perm"):
+                x = np.transpose(x, state["perm"])
+            x = fabric_input(state, x)
             ref, got = fq.qonnx_execute(state["mw"], x), predict(state, x)
             require_exact(state, x, ref, got, "verification inputs")
             artifact.meta["bit_exact"] = state["bit_exact"]

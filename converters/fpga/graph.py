@@ -56,6 +56,46 @@ def to_torch(proto, source: str):
     return bridge(proto, source)
 
 
+def strip_input_transpose(proto) -> tuple[int, ...] | None:
+    """A channels-last model (Keras, TensorFlow: NHWC input, then a Transpose to NCHW) without that Transpose: the
+    fabric streams channels-last anyway, and hls4ml streams no Transpose. Returns the permutation the caller applies
+    to the data it gives the stripped graph (None where there was no such Transpose)."""
+    from onnx import helper
+
+    g = proto.graph
+    name = g.input[0].name
+    readers = [n for n in g.node if name in n.input]
+    if len(readers) != 1:
+        return None
+    t = readers[0]
+    dims = list(g.input[0].type.tensor_type.shape.dim)
+    if t.op_type == "Reshape" and len(dims) in (3, 4) and dims[-1].dim_value == 1:
+        # tf2onnx writes the NHWC -> NCHW transpose of a one-channel input as a Reshape
+        from onnx import numpy_helper
+
+        shape = next((numpy_helper.to_array(i).tolist() for i in g.initializer if i.name == t.input[1]), None)
+        perm = (0, 3, 1, 2) if len(dims) == 4 else (0, 2, 1)
+        if shape is None or [int(v) for v in shape][1:] != [dims[i].dim_value for i in perm][1:]:
+            return None
+    elif t.op_type == "Transpose":
+        perm = tuple(next((list(a.ints) for a in t.attribute if a.name == "perm"), []))
+        if perm not in ((0, 3, 1, 2), (0, 2, 1)) or len(dims) != len(perm):
+            return None
+    else:
+        return None
+    new = [dims[i] for i in perm]
+    vi = helper.make_tensor_value_info(name, g.input[0].type.tensor_type.elem_type,
+                                       [d.dim_value if d.HasField("dim_value") else d.dim_param for d in new])
+    g.input.remove(g.input[0])
+    g.input.insert(0, vi)
+    for n in g.node:
+        for i, x in enumerate(n.input):
+            if x == t.output[0]:
+                n.input[i] = name
+    g.node.remove(t)
+    return perm
+
+
 def prepare(proto) -> None:
     """ONNX rewrites before the bridge: a ReduceMean over the spatial axes (PyTorch's ``x.mean((2, 3))``, Keras'
     GlobalAveragePooling) is a GlobalAveragePool (+ Flatten where the axes are not kept)."""
@@ -194,6 +234,14 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
             else:
                 env[node.name] = graph.call_method("reshape", (ins[0], -1, *out[1:]))
             layers.append({"name": _clean(str(node.target)), "kind": "flatten" if len(out) == 2 else "reshape"})
+        elif (cls == "Sequential" and len(mod) == 2 and type(mod[0]).__name__ == "OnnxPadStatic"
+              and type(mod[1]).__name__ in ("Conv1d", "Conv2d")):
+            # measured: hls4ml 1.3's streamed conv with one-sided padding is not bit-exact against QONNX
+            raise UnsupportedOpError(
+                f"Conv {node.target} padded on one side only ({list(mod[0].pads)}, TensorFlow's SAME at a stride or "
+                "an even kernel): hls4ml's streamed convolution does not compute it as QONNX does (not bit-exact, "
+                "measured), so the fabric path refuses it; pad symmetrically (or with a Pad layer hls4ml reads) "
+                "and export again")
         elif cls in KEEP:
             if cls.startswith("MaxPool") and (any(np.atleast_1d(mod.padding)) or mod.ceil_mode):
                 raise UnsupportedOpError(
@@ -238,7 +286,7 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
                 a, b = (shapes.get(d.name) for d in data)
                 if a is not None and b is not None and list(a) != list(b):
                     raise UnsupportedOpError(
-                        f"{onnx_op} {node.target} of a {a} tensor by a {b} tensor: hls4ml's {fn} merge takes two "
+                        f"{onnx_op} {node.target} of a {a} tensor by a {b} tensor: hls4ml's {fn} merge layer takes two "
                         "tensors of one shape (no broadcasting; a squeeze-excitation scale is such a broadcast)")
                 if fn == "Div":
                     raise UnsupportedOpError(f"Div {node.target} of two tensors: hls4ml's Divide merge is not "
@@ -289,6 +337,11 @@ def standardize(gm, proto, example: np.ndarray, missing_ops: dict[str, str] | No
             env[node.name] = add(str(node.target), table, ins, kind)
         else:
             what = (missing_ops or {}).get(onnx_op)
+            if onnx_op == "Transpose":
+                raise UnsupportedOpError(
+                    f"Transpose {node.target} inside the network: hls4ml has a Transpose layer (io_parallel only), "
+                    "but edgekit's fabric path streams CNNs (io_stream); only a channels-last model's input "
+                    "transpose is taken (done on the host): a limitation of edgekit's converter, not of the target")
             if onnx_op == "MaxPool":  # onnx2torch's module for asymmetric pads (TensorFlow's SAME)
                 raise UnsupportedOpError(f"MaxPool {node.target} with asymmetric padding: hls4ml's streamed pooling "
                                          "(io_stream, how the fabric runs CNNs) takes no padding")
