@@ -530,3 +530,53 @@ def test_jetson_equalizes_depthwise_inputs_and_gets_closer_to_float(tmp_path):
     assert rec["applied"] is True and rec["sites"] == 1 and rec["tensors"][0]["spread"] > 50, rec
     assert rec["snr_db_after"] > rec["snr_db_before"] + 6, rec
     assert snr["auto"] > snr["off"] + 6, snr
+
+
+def test_jetson_histograms_are_onnxruntimes_streamed(tmp_path):
+    """The |x| histograms the percentile, entropy and MSE methods read are streamed batch by batch (two passes:
+    ranges, then histograms) instead of onnxruntime's collector keeping every batch's every activation in memory:
+    the same counts, edges, signed min and max, tensor for tensor, so each method's range is unchanged. A small
+    real CNN in onnxruntime; one tensor is all zeros (numpy's widened range), one input batch is far louder than
+    the others (the range found in the first pass, not the first batch)."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+    from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
+
+    from edgekit.converters.tensorrt.histograms import stream_histograms
+
+    rng = np.random.default_rng(0)
+    init = [numpy_helper.from_array(rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32), "w1"),
+            numpy_helper.from_array(rng.normal(0, 0.2, (4, 8, 3, 3)).astype(np.float32), "w2"),
+            numpy_helper.from_array(np.full((1, 4, 1, 1), -100.0, np.float32), "neg")]
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], name="conv2", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["c2", "neg"], ["a2"], name="add"),
+             helper.make_node("Relu", ["a2"], ["zero"], name="relu_zero"),  # all zeros
+             helper.make_node("Add", ["c2", "zero"], ["y"], name="out")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 12, 12])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 12, 12])], init)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "m.onnx")
+    feeds = [{"x": (rng.normal(0, 1, (1, 1, 12, 12)) * (20 if i == 3 else 1)).astype(np.float32)} for i in range(7)]
+
+    def calibrator(name):
+        return create_calibrator(tmp_path / "m.onnx", None, augmented_model_path=str(tmp_path / name),
+                                 calibrate_method=CalibrationMethod.Percentile,
+                                 extra_options={"symmetric": True, "percentile": 99.99, "num_bins": 2048})
+
+    ref = calibrator("a.onnx")
+    reader = iter(feeds)
+    ref.collect_data(type("Reader", (), {"get_next": lambda self: next(reader, None)})())
+    want = ref.collector.histogram_dict
+    got = stream_histograms(calibrator("b.onnx"), feeds)
+    assert list(got) == list(want) and {"c1", "zero", "y"} <= set(got)
+    for t in want:
+        for a, b in zip(got[t], want[t], strict=True):
+            assert np.asarray(a).dtype == np.asarray(b).dtype and np.array_equal(a, b), t
+    assert got["zero"][0].sum() == 7 * 4 * 144 and got["zero"][1][0] == -0.5  # numpy's widened empty range
+    thresholds = ref.collector.compute_percentile()
+    ref.collector.histogram_dict = got
+    assert {t: v[:2] for t, v in ref.collector.compute_percentile().items()} == {t: v[:2] for t, v in thresholds.items()}
