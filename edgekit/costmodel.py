@@ -259,7 +259,8 @@ def estimate(stats: ModelStats, board: Board, cand: Candidate) -> Estimate:
         from edgekit.fabric import plan_estimate
 
         fabric = plan_estimate(stats, FABRIC_BITS[cand.precision], board.fpga)
-        latency = fabric["latency_us"] / 1e3
+        if fabric is not None:
+            latency = fabric["latency_us"] / 1e3
     return Estimate(
         candidate=cand,
         ram_mb=weights_mb + act_mb + board.runtime_overhead_mb,

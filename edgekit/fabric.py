@@ -24,7 +24,10 @@ BRAM_BITS = 36 * 1024
 FIT_SHARE = 0.8  # leave 20% of the fabric for routing and timing closure
 # streamed tensors per op of the float graph: a conv's output, an activation's output and its requantized copy
 # (measured against the build's QONNX streams: 26 for ResNet-8's 30, 27 for the KWS DS-CNN's 29)
-FIFO_OPS = {"Conv": 1, "Relu": 2, "Clip": 2, "LeakyRelu": 2, "MaxPool": 1, "AveragePool": 1, "Add": 1, "Concat": 1}
+FIFO_OPS = {"Conv": 1, "Relu": 2, "Clip": 2, "LeakyRelu": 2, "MaxPool": 1, "AveragePool": 1, "Add": 1, "Concat": 1,
+            # TFLite graphs (Keras models) fuse the activation into the conv: its three streams
+            "CONV_2D": 3, "DEPTHWISE_CONV_2D": 3, "MAX_POOL_2D": 1, "AVERAGE_POOL_2D": 1, "ADD": 1,
+            "CONCATENATION": 1}
 REUSE_CHOICES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 
@@ -128,6 +131,7 @@ def pick_reuse(costs: list[FabricLayer], fpga, io_stream: bool, fifo_bits: list[
 
 
 POOL_OPS = ("GlobalAveragePool", "AveragePool")
+TFLITE_OPS = ("CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED")
 
 
 def layers_from_stats(stats, bits: int) -> list[FabricLayer]:
@@ -147,6 +151,14 @@ def layers_from_stats(stats, bits: int) -> list[FabricLayer]:
             k = max(1, math.prod(ins[2:]) // max(1, math.prod(shape[2:]) if lay_op == "AveragePool" else 1))
             out.append(FabricLayer(lay.name, ins[1] * k, bits, bits, ins[1], k, math.prod(ins[2:])))
             continue
+        if lay.op in TFLITE_OPS and lay.macs:  # a Keras model's graph (TFLite, channels-last)
+            conv = lay.op != "FULLY_CONNECTED" and len(shape) == 4
+            positions = int(math.prod(shape[1:3])) if conv else 1
+            outs = int(shape[-1]) if shape else 1
+            weights = max(1, int(lay.macs // max(1, positions)))
+            kernel = weights // max(1, outs) if lay.op == "DEPTHWISE_CONV_2D" else 0
+            out.append(FabricLayer(lay.name, weights, bits, 8 if not out else bits, outs, kernel, positions))
+            continue
         if lay.op not in ("Conv", "Gemm", "MatMul") or not lay.macs:
             continue
         shape = [int(d) for d in lay.output_shape if isinstance(d, int) or str(d).isdigit()]
@@ -160,10 +172,13 @@ def layers_from_stats(stats, bits: int) -> list[FabricLayer]:
     return out
 
 
-def plan_estimate(stats, bits: int, fpga) -> dict[str, Any]:
+def plan_estimate(stats, bits: int, fpga) -> dict[str, Any] | None:
     """Fit and timing of the float graph on ``fpga`` before anything is built: the smallest reuse factor that fits
-    (or the largest tried), the share of the fabric it takes and the estimated latency and interval."""
+    (or the largest tried), the share of the fabric it takes and the estimated latency and interval; None for a
+    graph with no compute layer the fabric would build."""
     costs = layers_from_stats(stats, bits)
+    if not costs:
+        return None
     io_stream = any(c.pixels > 1 for c in costs)
     # io_stream FIFOs: one feature map per streamed tensor (a conv's output and its requantized copy)
     fifos = [int(math.prod(lay.output_shape)) * bits for lay in stats.layers if io_stream and lay.op in FIFO_OPS
