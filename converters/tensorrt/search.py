@@ -105,8 +105,9 @@ def layer_search(job: ConvertJob, artifact: Artifact) -> Search:
     full = job.work_dir / "mixed-all.onnx"
     write_qdq(pre, full, ranges_path, method, base_excluded, where)
     t0 = time.perf_counter()
+    # the locally worst first, where the budget ends early: a third of --search-budget (the whole search counts it)
     alone = _isolated_snr(pre, full, [lay.name for lay in sorted(layers, key=lambda x: x.local_sqnr_db)],
-                          search, ref, job.work_dir)  # the locally worst first, where the budget ends early
+                          search, ref, job.work_dir, min(ISOLATED_BUDGET_S, job.search_budget_s / 3))
     full.unlink()
     job.log(f"each node's rounding alone measured at the output: {len(alone)} of {len(layers)} nodes in "
             f"{time.perf_counter() - t0:.1f} s")

@@ -231,7 +231,9 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
          "it (--strict fails instead)")
     progress("sensitivity", "start")
     store = ScoreStore.open(scores, job, artifact, tol, kinds, label, log) if scores is not None else None
+    t_setup = time.perf_counter()
     search = store.search(lambda: conv.mixed_search(job, artifact)) if store else conv.mixed_search(job, artifact)
+    setup_s = time.perf_counter() - t_setup  # the converter's own measures (jetson: each node alone) count too
     names = [s.name for s in job.model.outputs]
     tol_d = tol.model_dump()
 
@@ -240,6 +242,9 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
     budget = job.search_budget_s if budget_s is None else budget_s
+    if setup_s > 1.0:
+        log(f"search setup took {setup_s:.1f} s of the {budget:.0f} s budget (--search-budget)")
+        budget = max(budget - setup_s, budget / 4)
     before_search = set(store.scores) if store else set()
     outcome = keep_fewest(search, passes, log=log, budget_s=budget, step=progress,
                           scores=store.scores if store else None)
