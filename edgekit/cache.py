@@ -260,7 +260,8 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
                eval_output: str | None, cache_dir: str | Path | None = None,
                log: Callable[[str], None] = lambda m: None, strict: bool = False,
                allow_slower_int8: bool = False, search_budget_s: float | None = None,
-               batch_axes: list[str] | None = None) -> BuildCache | None:
+               batch_axes: list[str] | None = None, carries: list[str] | None = None,
+               sequence_length: int | None = None) -> BuildCache | None:
     """The cache for one convert call, its keys computed from the inputs' bytes; None when this build cannot be
     cached (said once per process, with the reason). ``strict`` (--strict: no mixed-precision build) and
     ``allow_slower_int8`` (the speed verdict waived) are keys of their own."""
@@ -289,6 +290,7 @@ def open_cache(model: Any, target: Any, board: Any, precision: str, *, calib: st
     key = _digest({
         "schema": SCHEMA, "stage": "build", **loading, "analysis": analysis_key,
         "calib": _file_part(calib, "--calib"), "eval": _file_part(eval_data, "--eval"),
+        **({"carry": list(carries), "sequence_length": sequence_length} if carries else {}),  # the data's order
         "target": target.model_dump(mode="json"), "board": board.model_dump(mode="json"),  # overrides included
         "board_fit": load_fit(board.id),  # the calibrated cost model: the plan and its estimate read it
         "precision": precision, "opset": opset, "golden": golden_count, "options": options,

@@ -31,6 +31,8 @@ class Dataset:
     inputs: dict[str, np.ndarray]  # name -> [N, *sample_shape] per model input
     labels: np.ndarray | None
     random: bool = False
+    # arrays of the file left unused: a carried state's (--carry), which the float model's own states replace
+    unused: tuple[str, ...] = ()
 
     def __len__(self) -> int:
         return len(next(iter(self.inputs.values())))
@@ -192,7 +194,9 @@ def _check_labels(what: str, labels: np.ndarray, model: Model) -> np.ndarray:
 
 
 def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: str = "--calib",
-             max_mb: float | None = None) -> Dataset:
+             max_mb: float | None = None, generated: frozenset[str] | set[str] = frozenset()) -> Dataset:
+    """The file's arrays checked against ``model``'s inputs; an input in ``generated`` (a carried state) needs no
+    array: it is zeros here (edgekit.carry.with_states fills it), and an array given for it is left unused."""
     path = Path(path)
     if not path.exists():
         raise InputSpecError(f"{what} {path}: no such file")
@@ -209,7 +213,10 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
     if labels is not None:
         labels = _check_labels(f"{what} {path}", labels, model)
     inputs: dict[str, np.ndarray] = {}
+    unused = tuple(sorted(n for n in generated if arrays.pop(n, None) is not None))
     for spec in model.inputs:
+        if spec.name in generated:
+            continue
         if spec.name in arrays:
             key = spec.name
         elif len(model.inputs) == 1 and len(arrays) == 1:
@@ -233,7 +240,10 @@ def load_npz(path: str | Path, model: Model, need_labels: bool = False, what: st
         raise InputSpecError(f"{what} {path}: inputs have different or zero sample counts")
     if labels is not None and len(labels) != len(next(iter(inputs.values()))):
         raise InputSpecError(f"{what} {path}: {len(labels)} labels for {len(next(iter(inputs.values())))} samples")
-    return Dataset(str(path), inputs, labels, False)
+    n = len(next(iter(inputs.values())))
+    inputs = {s.name: inputs[s.name] if s.name in inputs else np.zeros((n, *s.sample_shape), s.dtype)
+              for s in model.inputs}
+    return Dataset(str(path), inputs, labels, False, unused)
 
 
 def _expects(spec) -> str:

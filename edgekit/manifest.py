@@ -93,6 +93,19 @@ class CalibrationRecord(_Record):
     used_for: str
 
 
+class CarryPair(_Record):
+    output: str
+    input: str
+
+
+class CarryRecord(_Record):
+    """--carry: the outputs that feed inputs on the next chunk; data files are sequences of chunks in order."""
+
+    pairs: list[CarryPair] = Field(min_length=1)
+    sequence_length: int | None = Field(default=None, ge=1)  # chunks per sequence; None: each file is one
+    states: str  # where the states the calibration and golden chunks take come from
+
+
 class BudgetsRecord(_Record):
     """The board's budgets as the plan and the smoke test use them: ``ram_mb`` is the whole process (peak RSS),
     ``runtime_overhead_mb`` plus the model's share of the board's RAM."""
@@ -127,6 +140,7 @@ class Manifest(_Record):
     inputs: list[TensorIO]
     outputs: list[TensorIO]
     calibration: CalibrationRecord | None = None
+    carry: CarryRecord | None = None
     artifact: dict[str, Any] = Field(description="primary (file or folder), format, and the converter's own meta")
     toolchain: dict[str, Any]
     budgets: BudgetsRecord

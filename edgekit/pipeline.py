@@ -80,6 +80,8 @@ def convert(
     trust_pickle: bool = False,
     consts: list[str] | None = None,
     batch_axes: list[str] | None = None,
+    carries: list[str] | None = None,
+    sequence_length: int | None = None,
     board_set: list[str] | None = None,
     opset: int | None = None,
     golden_count: int = stages.GOLDEN_DEFAULT,
@@ -120,6 +122,9 @@ def convert(
     An INT8 build is timed against the float build on the target's host runtime where the converter can (the
     ``speed`` stage, :mod:`edgekit.speed`); one slower than float fails verification unless ``allow_slower_int8``.
 
+    ``carries`` (``--carry OUT=IN``): outputs that feed inputs on the next chunk (a recurrent state); the data
+    files' chunks are then time, in order, cut into sequences of ``sequence_length`` chunks (edgekit.carry).
+
     ``search_budget_s``: the time the mixed-precision layer search may take (default
     :data:`edgekit.converters.job.SEARCH_BUDGET_S`).
 
@@ -129,11 +134,11 @@ def convert(
     from edgekit.converters import ConvertJob, get_converter
 
     req = check_request(target, board, board_set, precision, golden_count, opset, max_data_mb, out, tolerance,
-                        options, batch_axes)  # every option is checked before any work
+                        options, batch_axes, carries, sequence_length)  # every option is checked before any work
     tgt, brd, precision, options = req.target, req.board, req.precision, req.options
     bc = build_cache.open_cache(
         model, tgt, brd, precision, calib=calib, eval_data=eval_data, input_shape=input_shape, consts=consts,
-        batch_axes=batch_axes,
+        batch_axes=batch_axes, carries=carries, sequence_length=sequence_length,
         trust_pickle=trust_pickle, opset=opset, golden_count=golden_count, options=options, strict=strict,
         output_kinds=output_kinds, eval_output=eval_output, cache_dir=cache_dir, log=log,
         allow_slower_int8=allow_slower_int8, search_budget_s=search_budget_s) if cache else None
@@ -153,7 +158,8 @@ def convert(
         work = Path(tmp)
         with clock.stage("ingest"):
             ing = stages.ingest(model, tgt, input_shape, trust_pickle, calib, eval_data, max_data_mb, consts,
-                                keras_via_onnx=(options or {}).get("keras") == "onnx", batch_axes=batch_axes)
+                                keras_via_onnx=(options or {}).get("keras") == "onnx", batch_axes=batch_axes,
+                                carries=carries, sequence_length=sequence_length)
         with clock.stage("analyze"):
             if analysis is None and bc is not None:  # the float export + analysis, cached without the precision
                 analysis = bc.analysis(ing.model, tgt, work, opset, log)
@@ -205,7 +211,8 @@ def convert(
             with clock.stage("write"):
                 toolchain.save(out_tmp / TOOLCHAIN_LOG)  # ends the capture; the manifest lists the log
                 manifest = stages.write(out_tmp, m, tgt, brd, planned.precision, artifact, checked, prep.calib,
-                                        an.stats, conv.versions(), warnings, clock.times, planned.section, prep.record)
+                                        an.stats, conv.versions(), warnings, clock.times, planned.section, prep.record,
+                                        ing.carry)
         verification = checked.verification
         result = ConvertResult(Path(out).resolve(), manifest, verification, an.stats, clock.times, warnings,
                                artifact.notes)

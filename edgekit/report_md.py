@@ -54,8 +54,12 @@ def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
 def _selection(sel: dict[str, Any] | None) -> str:
     if not sel:
         return ""
-    how = "stratified by label" if sel.get("stratified") else "uniformly"
     held = sel.get("held_out_of_calibration") or 0
+    if sel.get("in_order"):  # --carry: a sequence of chunks, in order
+        a, b = sel["sequence"]
+        return (f" (chunks {a} to {b - 1} in order, the start of the file's last sequence"
+                + ("; held out of calibration" if held else "") + ")")
+    how = "stratified by label" if sel.get("stratified") else "uniformly"
     return (f" (drawn across the file {how}, seed {sel.get('seed')}"
             + (f"; {held} samples held out of calibration" if held else "") + ")")
 
@@ -187,6 +191,26 @@ def _result(o: dict[str, Any]) -> str:
     return "pass (max error over its tolerance: warning, see below)" if o.get("warnings") else "pass"
 
 
+def _carried(c: dict[str, Any] | None) -> list[str]:
+    """--carry: the float and the converted model each over the golden sequence with its own state."""
+    if not c:
+        return []
+    pairs = ", ".join(f"`{p['output']}` → `{p['input']}`" for p in c["pairs"])
+    out = ["", f"### Carried state ({pairs})", "",
+           (f"The float and the converted model each run the {c['chunks']} golden chunks in order, each carrying "
+            "its own state from chunk to chunk (from a zero state); error of a chunk: max |converted − float| over "
+            "the output's range on the sequence (per chunk in manifest.json, `verification.carried`)."), "",
+           ("| output | first chunk | last chunk | mean, first quarter | mean, last quarter | max (chunk) | "
+            "tolerance | top-1 agreement | result |"), "|---|---|---|---|---|---|---|---|---|"]
+    for name, o in c["outputs"].items():
+        agree = f"{o['top1_agreement']:.1%}" if "top1_agreement" in o else "—"
+        out.append(f"| {name}{' (state)' if o['state'] else ''} | {o['first_chunk_rel_error']:.3%} | "
+                   f"{o['last_chunk_rel_error']:.3%} | {o['first_quarter_mean_rel_error']:.3%} | "
+                   f"{o['last_quarter_mean_rel_error']:.3%} | {o['max_rel_error']:.3%} ({o['worst_chunk']}) | "
+                   f"{o['tolerance_rel']:.2%} | {agree} | {'pass' if o['passed'] else 'FAIL'} |")
+    return out
+
+
 def render_report(man: dict[str, Any], stats: ModelStats) -> str:
     v = man["verification"]
     lines = [
@@ -234,6 +258,7 @@ def render_report(man: dict[str, Any], stats: ModelStats) -> str:
             lines[-1] += (f" On the same samples the drop is {drop:.2f} points, paired 95% CI {lo:.2f} to {hi:.2f}: "
                           f"{man['precision']} gets {v['accuracy_lost']} wrong that float gets right, and "
                           f"{v['accuracy_won']} right that float gets wrong.")
+    lines += _carried(v.get("carried"))
     if v["failures"]:
         lines += ["", "### Failures", ""] + [f"- {f}" for f in v["failures"]]
     lines += _mixed_precision(man["artifact"])

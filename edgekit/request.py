@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgekit.carry import check_sequence_length, parse_carries
 from edgekit.data import max_data_bytes
 from edgekit.errors import InputSpecError, ProfileError
 from edgekit.fsutil import check_replaceable
@@ -33,7 +34,8 @@ class Request:
 def check_request(target: str, board: str | None, board_set: list[str] | None, precision: str | None,
                   golden_count: int, opset: int | None, max_data_mb: float | None, out: str | Path | None,
                   tolerance: dict[str, float] | None, options: dict[str, Any] | None,
-                  batch_axes: list[str] | None = None) -> Request:
+                  batch_axes: list[str] | None = None, carries: list[str] | None = None,
+                  sequence_length: int | None = None) -> Request:
     """Every argument of a convert call checked, and the profiles it names loaded; raises the EdgekitError that says
     what was wrong. ``--calib`` for INT8 is checked by the data stage: an op refusal comes first."""
     from edgekit.converters import check_options
@@ -45,6 +47,8 @@ def check_request(target: str, board: str | None, board_set: list[str] | None, p
         raise InputSpecError(f"--opset {opset}: give an ONNX opset from {MIN_OPSET} to {MAX_OPSET}, "
                              "or leave it out for the target's default")
     parse_batch_axes(batch_axes)  # a malformed --batch-axis is refused before the build cache answers
+    parse_carries(carries)  # and a malformed --carry; its names are checked against the model at ingest
+    check_sequence_length(sequence_length, carries)
     max_data_bytes(max_data_mb)  # a bad --max-data-mb is refused even when the build then comes from the cache
     if out is not None:  # a foreign -o is refused before minutes of work, and again at the end
         check_replaceable(Path(os.path.abspath(out)))

@@ -33,6 +33,8 @@ import numpy as np
 
 from edgekit import __version__
 from edgekit.analyze import ModelStats, analyze_model
+from edgekit.carry import Carry, carried_check, golden_sequence, make_carry, run_pair_carried, with_states
+from edgekit.carry import summary as carried_summary
 from edgekit.converters import Artifact, ConvertJob, Runner, converter_info, flag_option
 from edgekit.data import Dataset, draw, load_npz, random_dataset
 from edgekit.errors import InputSpecError, ProfileError, UnsupportedOpError
@@ -91,6 +93,7 @@ class Ingested:
     model: Model
     calib: Dataset | None
     eval: Dataset | None
+    carry: Carry | None = None  # --carry: states carried from chunk to chunk (edgekit.carry)
 
 
 @dataclass
@@ -156,17 +159,24 @@ def check_calibration(precision: str, given: bool) -> None:
 def ingest(model: str | Path | Model, target: Target, input_shape: list[str] | None, trust_pickle: bool,
            calib: str | None, eval_data: str | None, max_data_mb: float | None,
            consts: list[str] | None = None, keras_via_onnx: bool = False,
-           batch_axes: list[str] | None = None) -> Ingested:
+           batch_axes: list[str] | None = None, carries: list[str] | None = None,
+           sequence_length: int | None = None) -> Ingested:
     """ingest: the model (refused early when the target does not take its kind) and its data files. An ONNX
-    model for a converter that reads torch is bridged here (edgekit.onnx_bridge), checked against onnxruntime."""
+    model for a converter that reads torch is bridged here (edgekit.onnx_bridge), checked against onnxruntime.
+    With ``--carry`` the data files need no array for a carried state: each chunk takes the state the float
+    model handed back after the chunk before it (edgekit.carry.with_states)."""
     check_target_takes(model, target)  # Keras / SavedModel / ONNX: refused by name before loading a framework
     m = model if isinstance(model, Model) else load_model(model, input_shape, trust_pickle, consts, batch_axes)
     m = for_converter(m, target, keras_via_onnx)
+    carry = make_carry(m, carries, sequence_length)
+    states = carry.inputs if carry else frozenset()
     calib_ds = random_dataset(m) if calib == "random" else (
-        load_npz(calib, m, what="--calib", max_mb=max_data_mb) if calib else None)
+        load_npz(calib, m, what="--calib", max_mb=max_data_mb, generated=states) if calib else None)
     # labels are optional: without them --eval measures agreement with the float model on every sample
-    eval_ds = load_npz(eval_data, m, what="--eval", max_mb=max_data_mb) if eval_data else None
-    return Ingested(m, calib_ds, eval_ds)
+    eval_ds = load_npz(eval_data, m, what="--eval", max_mb=max_data_mb, generated=states) if eval_data else None
+    if carry:
+        calib_ds, eval_ds = (None if d is None else with_states(m, d, carry) for d in (calib_ds, eval_ds))
+    return Ingested(m, calib_ds, eval_ds, carry)
 
 
 def analyze(ing: Ingested, target: Target, work: Path, opset: int | None, options: dict[str, Any] | None,
@@ -249,6 +259,8 @@ def data(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str
         if calib_ds is not None and calib_ds.random:
             warn("--calib random: INT8 ranges come from random inputs; accuracy on real data is unknown")
     eval_ds = ing.eval
+    if ing.carry is not None:
+        return _carried_data(ing, calib_ds, eval_ds, golden_count, warn, output_kinds, eval_output)
     src = eval_ds or calib_ds or random_dataset(ing.model, n=golden_count)
     idx = draw(len(src), golden_count, src.labels, seed=GOLDEN_SEED)
     record: dict[str, Any] = {"seed": GOLDEN_SEED, "from": "eval" if eval_ds else ("calib" if calib_ds else "random"),
@@ -272,6 +284,42 @@ def data(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str
                  "give more data, or a separate --eval file")
     golden = (eval_ds if eval_ds is not None and "indices_in" in record else src).subset(idx)
     # each output's kind (what metric judges it), and the output labels are scored on: settled before converting
+    kinds = infer_kinds(ing.model, ing.model.reference(), golden, output_kinds)
+    scored = None
+    if eval_ds is not None and eval_ds.labels is not None:
+        scored = pick_eval_output(ing.model, kinds, eval_output)
+    elif eval_output is not None:
+        raise InputSpecError(f"--eval-output {eval_output}: give --eval with a 'label' array to score it")
+    return Prepared(calib_ds, golden, eval_ds, record, kinds, scored)
+
+
+def _carried_data(ing: Ingested, calib_ds: Dataset | None, eval_ds: Dataset | None, golden_count: int,
+                  warn: Callable[[str], None], output_kinds: dict[str, str] | None,
+                  eval_output: str | None) -> Prepared:
+    """The data stage with ``--carry``: the golden samples are a sequence, in order (edgekit.carry.golden_sequence:
+    the first ``--golden`` chunks of the last sequence of the eval file, else the calibration file), held out of
+    calibration; a file that is both --calib and --eval checks on that sequence only."""
+    carry = ing.carry
+    for d, flag in ((calib_ds, "--calib"), (eval_ds, "--eval")):
+        if d is not None and d.unused:
+            warn(f"--carry: {flag} {d.source}: array(s) {', '.join(d.unused)} not used: each chunk takes the state "
+                 "the float model handed back after the chunk before it")
+    src = eval_ds or calib_ds or with_states(ing.model, random_dataset(ing.model, n=golden_count), carry)
+    idx = golden_sequence(len(src), golden_count, carry)
+    record: dict[str, Any] = {"from": "eval" if eval_ds else ("calib" if calib_ds else "random"),
+                              "sequence": [int(idx[0]), int(idx[-1]) + 1], "in_order": True,
+                              "held_out_of_calibration": 0}
+    golden = src.subset(idx)
+    if calib_ds is not None and not calib_ds.random and _same_file(calib_ds, src):
+        if eval_ds is not None:  # --eval is the --calib file: it checks on the held-out sequence
+            eval_ds = golden
+        rest = np.setdiff1d(np.arange(len(calib_ds)), idx)
+        if len(rest) >= ing.model.batch:
+            calib_ds = calib_ds.subset(rest)  # their states stay those of the whole sequence
+            record["held_out_of_calibration"] = len(idx)
+        else:
+            warn(f"{calib_ds.source} has only {len(calib_ds)} chunks: the golden chunks also calibrate; "
+                 "give more data, or a separate --eval file")
     kinds = infer_kinds(ing.model, ing.model.reference(), golden, output_kinds)
     scored = None
     if eval_ds is not None and eval_ds.labels is not None:
@@ -313,8 +361,16 @@ def verify(ing: Ingested, make_runner: Callable[[], Runner], prep: Prepared, tol
         v = Verification(runtime, precision, len(ref[0]), prep.golden.source, [], failures=[
             f"the artifact does not load or run in {runtime} ({type(exc).__name__}: {first_line(exc, 300)})"])
     else:
+        carry = ing.carry
+        eval_pair = None if carry is None else (  # each model over every eval sequence with its own state
+            lambda ref_run, art_run, ds: run_pair_carried(m, carry, ref_run, art_run, ds))
         v, gin, ref = verify_outputs(m, run_ref, runner, prep.golden, len(prep.golden), tol, runtime, precision,
-                                     prep.eval, prep.kinds, prep.eval_output)
+                                     prep.eval, prep.kinds, prep.eval_output, eval_pair)
+        if carry is not None:  # and over the golden sequence, each model carrying its own state
+            v.carried, failures = carried_check(m, carry, run_ref, runner, prep.golden, prep.kinds, tol.model_dump(),
+                                                precision)
+            v.failures += failures
+            v.notes.append(carried_summary(v.carried))
     if reference:
         v.reference_model = reference[1]
         v.notes.append(f"checked against the float model it was fine-tuned from ({reference[1]}), not its own float "
@@ -371,7 +427,7 @@ def speed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked,
 def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact: Artifact, checked: Checked,
           calib_ds: Dataset | None, stats: ModelStats, versions: dict[str, Any], warnings: list[str],
           times: dict[str, float], plan: dict[str, Any] | None = None,
-          selection: dict[str, Any] | None = None) -> dict[str, Any]:
+          selection: dict[str, Any] | None = None, carry: Carry | None = None) -> dict[str, Any]:
     """write: golden.npz, the device runner, report.md and manifest.json into the (temporary) output folder."""
     verification, golden_in, golden_out = checked.verification, checked.golden_inputs, checked.golden_outputs
     arrays: dict[str, np.ndarray] = {}
@@ -429,6 +485,7 @@ def write(out: Path, m: Model, tgt: Target, brd: Board, precision: str, artifact
             "sha256": None if calib_ds.random else sha256_file(Path(calib_ds.source)),
             "used_for": "int8 ranges" if precision == "int8" else "golden inputs only",
         },
+        **({"carry": carry.to_json()} if carry is not None else {}),
         "artifact": {"primary": artifact.primary, "format": artifact.format, **artifact.meta},
         "toolchain": {"edgekit": __version__, **versions},
         "budgets": budget_record(brd, plan),

@@ -11,6 +11,7 @@ worst sample alone: a max error over ``max_rel_error`` is then a warning naming 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -21,7 +22,6 @@ from edgekit.data import Dataset
 from edgekit.errors import InputSpecError
 from edgekit.ingest import Model
 from edgekit.profiles import Tolerance
-
 
 
 @dataclass
@@ -77,6 +77,9 @@ class Verification:
     # the float model the outputs were checked against, where not the model given: a fine-tuned .pt2 whose build
     # imposes its student's activation ranges is checked against the float model the student imitated
     reference_model: str | None = None
+    # --carry: the float and the converted model each over the golden sequence carrying its own state
+    # (edgekit.carry.carried_check): the pairs, and per output its error per chunk, at the first and last chunk
+    carried: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -256,11 +259,16 @@ def verify(
     eval_data: Dataset | None = None,
     kinds: dict[str, str] | None = None,
     eval_output: int | None = None,
+    eval_pair: Callable[[Runner, Runner, Dataset], tuple[list[np.ndarray], list[np.ndarray]]] | None = None,
 ) -> tuple[Verification, dict[str, np.ndarray], list[np.ndarray]]:
     """Returns the verification, the golden input arrays and the float golden outputs.
 
     Each output is judged by its kind's metric with the one implementation the board runs too
-    (``firmware/common/edgekit_smoke.check_output``); ``kinds`` default to what the float outputs show."""
+    (``firmware/common/edgekit_smoke.check_output``); ``kinds`` default to what the float outputs show.
+
+    ``eval_pair(reference, artifact, eval samples)``: the float and the converted outputs on the eval samples,
+    where they do not run batch by batch (``run_pair``): a carried state (edgekit.carry) runs them in order, each
+    model carrying its own."""
     smoke = output_checks()
     feeds = list(golden.batches(model, golden_count))
     ref, got, axes = run_pair(reference, artifact, feeds, model)
@@ -286,7 +294,10 @@ def verify(
     if eval_data is not None:
         efeeds = list(eval_data.batches(model))
         n = len(efeeds) * model.batch
-        fref, fgot, _ = run_pair(reference, artifact, efeeds, model)
+        if eval_pair is not None:
+            fref, fgot = eval_pair(reference, artifact, eval_data.subset(np.arange(n)))
+        else:
+            fref, fgot, _ = run_pair(reference, artifact, efeeds, model)
         v.eval_samples = n
         positions, eval_failures = {}, {}
         for i, name in enumerate(names):

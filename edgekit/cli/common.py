@@ -64,6 +64,19 @@ BatchAxisOpt = Annotated[
                  "NAME=AXIS, e.g. state=1 for a recurrent state [layers, B, H], or NAME=none (repeat per tensor)"),
 ]
 
+CarryOpt = Annotated[
+    list[str] | None,
+    typer.Option("--carry", help="OUTPUT=INPUT: the output that feeds the input on the next chunk, e.g. "
+                 "state_out=state (a recurrent state; the data files' chunks are then in time order and need no "
+                 "array for the input); repeat per state"),
+]
+
+SequenceLengthOpt = Annotated[
+    int | None,
+    typer.Option("--sequence-length", help="with --carry: chunks per sequence in the data files (each starts "
+                 "from a zero state; default: each file is one sequence)"),
+]
+
 CacheDirOpt = Annotated[
     str | None,
     typer.Option("--cache-dir", help="build cache folder (default $EDGEKIT_CACHE_DIR, else cache/ in edgekit's data folder)"),

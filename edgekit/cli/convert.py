@@ -9,7 +9,19 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from edgekit.cli.common import BatchAxisOpt, CacheDirOpt, ConstOpt, SetOpt, ShapeOpt, app, console, err, mb
+from edgekit.cli.common import (
+    BatchAxisOpt,
+    CacheDirOpt,
+    CarryOpt,
+    ConstOpt,
+    SequenceLengthOpt,
+    SetOpt,
+    ShapeOpt,
+    app,
+    console,
+    err,
+    mb,
+)
 
 
 @app.command()
@@ -24,6 +36,8 @@ def convert(
     input_shape: ShapeOpt = None,
     const: ConstOpt = None,
     batch_axis: BatchAxisOpt = None,
+    carry: CarryOpt = None,
+    sequence_length: SequenceLengthOpt = None,
     trust_pickle: Annotated[bool, typer.Option("--trust-pickle", help="allow torch.load of a pickled module (runs code from the file)")] = False,
     board_set: SetOpt = None,
     opset: Annotated[int | None, typer.Option("--opset", help="ONNX opset (default: the target's)")] = None,
@@ -49,7 +63,8 @@ def convert(
     with StageProgress(live=not verbose) as progress:
         res = run_convert(
             model, target=target, out=out, board=board, precision=precision, calib=calib, eval_data=eval_data,
-            input_shape=input_shape, consts=const, batch_axes=batch_axis, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
+            input_shape=input_shape, consts=const, batch_axes=batch_axis, carries=carry,
+            sequence_length=sequence_length, trust_pickle=trust_pickle, board_set=board_set, opset=opset,
             golden_count=golden, options=parse_overrides(option, "--option", "allow_float_fallback=true") or None,
             max_data_mb=max_data_mb, output_kinds={k: str(v) for k, v in parse_overrides(
                 output_kind, "--output-kind", "landmarks=regression").items()} or None,
@@ -86,6 +101,10 @@ def convert(
         console.print(f"accuracy ({v.eval_samples} samples): float {v.float_accuracy:.2%} → "
                       f"{man['precision']} {v.converted_accuracy:.2%} (95% CI {lo:.1%}–{hi:.1%})"
                       + _paired(v))
+    if v.carried:  # --carry: each model over the golden sequence with its own state
+        from edgekit.carry import summary
+
+        console.print(summary(v.carried))
     if v.against_original:  # a fine-tuned model: how the build compares with the float model it came from
         console.print(v.against_original["summary"])
     prim = man["artifact"]["primary"]
