@@ -123,13 +123,13 @@ def test_version_flag_and_targets_show_the_extras():
 
 
 def test_an_op_refusal_comes_before_asking_for_calibration(tmp_path):
-    """The FPGA target refuses HardSigmoid (hls4ml has no such layer): that is said, not "give --calib" first."""
+    """The FPGA target refuses GELU's Erf (hls4ml has no such layer): that is said, not "give --calib" first."""
     import torch
 
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.Hardsigmoid(),
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16), torch.nn.GELU(),
                                 torch.nn.Linear(16, 4)).eval()
     path = tmp_path / "hs.pt2"
     torch.export.save(torch.export.export(model, (torch.zeros(1, 1, 8, 8),)), str(path))
     proc = _run("convert", str(path), "--target", "fpga", "-p", "int8", "-o", str(tmp_path / "o"))
     assert proc.returncode == 2, proc.stderr
-    assert "hls4ml has no HardSigmoid" in proc.stderr and "--calib" not in proc.stderr, proc.stderr
+    assert "hls4ml has no Erf" in proc.stderr and "--calib" not in proc.stderr, proc.stderr
