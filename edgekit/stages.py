@@ -283,14 +283,7 @@ def data(ing: Ingested, planned: Planned, golden_count: int, warn: Callable[[str
             warn(f"{calib_ds.source} has only {len(calib_ds)} samples: the golden samples also calibrate; "
                  "give more data, or a separate --eval file")
     golden = (eval_ds if eval_ds is not None and "indices_in" in record else src).subset(idx)
-    # each output's kind (what metric judges it), and the output labels are scored on: settled before converting
-    kinds = infer_kinds(ing.model, ing.model.reference(), golden, output_kinds)
-    scored = None
-    if eval_ds is not None and eval_ds.labels is not None:
-        scored = pick_eval_output(ing.model, kinds, eval_output)
-    elif eval_output is not None:
-        raise InputSpecError(f"--eval-output {eval_output}: give --eval with a 'label' array to score it")
-    return Prepared(calib_ds, golden, eval_ds, record, kinds, scored)
+    return _prepared(ing, calib_ds, golden, eval_ds, record, output_kinds, eval_output)
 
 
 def _carried_data(ing: Ingested, calib_ds: Dataset | None, eval_ds: Dataset | None, golden_count: int,
@@ -320,6 +313,13 @@ def _carried_data(ing: Ingested, calib_ds: Dataset | None, eval_ds: Dataset | No
         else:
             warn(f"{calib_ds.source} has only {len(calib_ds)} chunks: the golden chunks also calibrate; "
                  "give more data, or a separate --eval file")
+    return _prepared(ing, calib_ds, golden, eval_ds, record, output_kinds, eval_output)
+
+
+def _prepared(ing: Ingested, calib_ds: Dataset | None, golden: Dataset, eval_ds: Dataset | None,
+              record: dict[str, Any], output_kinds: dict[str, str] | None, eval_output: str | None) -> Prepared:
+    """The data stage's end, with or without --carry: each output's kind (what metric judges it) and the output
+    labels are scored on, settled before converting."""
     kinds = infer_kinds(ing.model, ing.model.reference(), golden, output_kinds)
     scored = None
     if eval_ds is not None and eval_ds.labels is not None:

@@ -100,29 +100,18 @@ def dataset(rng: np.random.Generator):
     return x, np.asarray(ys, np.int64), np.asarray(held)
 
 
-def fit(model, x, y, epochs: int):
-    import torch
-
-    torch.manual_seed(0)
-    xt, yt = torch.from_numpy(x), torch.from_numpy(y)
-    opt = torch.optim.Adam(model.parameters(), 3e-3)
-    model.train()
-    for _ in range(epochs):
-        perm = torch.randperm(len(xt))
-        for i in range(0, len(xt), 64):
-            b = perm[i:i + 64]
-            loss = torch.nn.functional.cross_entropy(model(xt[b]), yt[b])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    return model.eval()
-
-
 def main() -> None:
     import torch
 
+    import importlib.util
+
     sys.path.insert(0, str(HERE))
     from nets import DSCNN
+
+    # train.py's fit, under a name of its own: "train" is also the digits example's module, which train.py imports
+    spec = importlib.util.spec_from_file_location("tinyml_train", HERE / "train.py")
+    tinyml_train = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tinyml_train)
 
     class Named(torch.nn.Module):  # the exported input is "mfcc"
         def __init__(self, body):
@@ -138,7 +127,7 @@ def main() -> None:
     x = ((x - mu) / sd).astype(np.float32)  # one global normalisation, folded into the data the board gets
     x_tr, y_tr, x_te, y_te = x[~held], y[~held], x[held], y[held]
     net = DSCNN(classes=len(WORDS), width=64, stem=(10, 4), stem_stride=2, pool=None)
-    model = Named(fit(net, x_tr, y_tr, 25)).eval()
+    model = Named(tinyml_train.fit(net, x_tr, y_tr, 25)).eval()
     with torch.no_grad():
         acc = float((model(torch.from_numpy(x_te)).argmax(1).numpy() == y_te).mean())
     torch.export.save(torch.export.export(model, (torch.zeros(1, 1, 49, 10),)), HERE / "kws_dscnn.pt2")
