@@ -141,7 +141,7 @@ def layers_from_stats(stats, bits: int) -> list[FabricLayer]:
     The first layer reads the 8-bit input (the DMA word); the others read ``bits``-bit activations."""
     out: list[FabricLayer] = []
     for lay in stats.layers:
-        ins = [int(d) for d in getattr(lay, "input_shape", []) if isinstance(d, int)]
+        ins = [int(d) for d in lay.input_shape if isinstance(d, int)]
         shape = [int(d) for d in lay.output_shape if isinstance(d, int)]
         if lay.op == "ReduceMean" and len(ins) in (3, 4) and math.prod(shape[2:]) == 1 and shape[:2] == ins[:2]:
             lay_op = "GlobalAveragePool"  # x.mean((2, 3)): the build rewrites it into one
@@ -151,23 +151,23 @@ def layers_from_stats(stats, bits: int) -> list[FabricLayer]:
             k = max(1, math.prod(ins[2:]) // max(1, math.prod(shape[2:]) if lay_op == "AveragePool" else 1))
             out.append(FabricLayer(lay.name, ins[1] * k, bits, bits, ins[1], k, math.prod(ins[2:])))
             continue
-        if lay.op in TFLITE_OPS and lay.macs:  # a Keras model's graph (TFLite, channels-last)
-            conv = lay.op != "FULLY_CONNECTED" and len(shape) == 4
-            positions = int(math.prod(shape[1:3])) if conv else 1
-            outs = int(shape[-1]) if shape else 1
-            weights = max(1, int(lay.macs // max(1, positions)))
-            kernel = weights // max(1, outs) if lay.op == "DEPTHWISE_CONV_2D" else 0
-            out.append(FabricLayer(lay.name, weights, bits, 8 if not out else bits, outs, kernel, positions))
+        if lay.op in TFLITE_OPS:  # a Keras model's graph (TFLite): channels-last, activations fused
+            conv, last = lay.op != "FULLY_CONNECTED" and len(shape) == 4, True
+            depthwise = lay.op == "DEPTHWISE_CONV_2D"
+        elif lay.op in ("Conv", "Gemm", "MatMul"):
+            conv, last = lay.op == "Conv" and len(shape) >= 3, False
+            depthwise = conv and lay.groups > 1
+        else:
             continue
-        if lay.op not in ("Conv", "Gemm", "MatMul") or not lay.macs:
+        if not lay.macs:
             continue
-        shape = [int(d) for d in lay.output_shape if isinstance(d, int) or str(d).isdigit()]
-        conv = lay.op == "Conv" and len(shape) >= 3
-        positions = int(math.prod(shape[2:])) if conv else 1
-        pixels = int(math.prod(ins[2:])) if conv and len(ins) == len(shape) else positions
-        outs = int(shape[1] if conv else (shape[-1] if shape else 1))
+        space = (shape[1:3] if last else shape[2:]) if conv else []
+        positions = int(math.prod(space))
+        outs = int(shape[-1] if last or not conv else shape[1]) if shape else 1
+        # a streamed conv reads its input's pixels (ONNX graphs record the input shape; TFLite's: its output's)
+        pixels = int(math.prod(ins[2:])) if conv and not last and len(ins) == len(shape) else positions
         weights = max(1, int(lay.macs // max(1, positions)))
-        kernel = weights // max(1, outs) if conv and lay.groups > 1 else 0
+        kernel = weights // max(1, outs) if depthwise else 0
         out.append(FabricLayer(lay.name, weights, bits, 8 if not out else bits, outs, kernel, pixels))
     return out
 
