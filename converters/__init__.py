@@ -46,7 +46,7 @@ class ConverterInfo:
     float_fallback: bool = False  # ops outside the target's list may stay float (allow_float_fallback)
     inputs_hint: str = ""  # what to do with a model kind it does not take
     mixed: frozenset[str] = frozenset()  # what it offers mixed precision (edgekit.converters.capabilities)
-    speed: bool = False  # it times a build against the float build on the host runtime (capabilities.HostSpeed)
+    speed: bool = False  # it times (or estimates) a build against the float build (capabilities.HostSpeed)
 
     @property
     def options(self) -> type[ConverterOptions]:
@@ -58,7 +58,7 @@ CONVERTERS: dict[str, ConverterInfo] = {
     "tensorrt": ConverterInfo("edgekit.converters.tensorrt.converter", (*TORCH_INPUTS, "onnx"),
                               ("fp32", "fp16", "int8"), "jetson",
                               "edgekit.converters.tensorrt.options:TensorRTOptions",
-                              mixed=frozenset({LAYERS})),
+                              mixed=frozenset({LAYERS}), speed=True),
     "tflite": ConverterInfo("edgekit.converters.tflite.converter", (*TORCH_INPUTS, "keras", "saved_model"),
                             ("fp32", "fp16", "int8-dynamic", "int8"), "android",
                             "edgekit.converters.tflite.options:TFLiteOptions", float_fallback=True,

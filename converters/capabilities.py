@@ -64,8 +64,9 @@ class Activations16(Protocol):
 
 
 class HostSpeed(Protocol):
-    """The build timed against the same model's float build on the target's host runtime (None where that runtime
-    cannot time it here); ``judged`` False where this host's kernels do not stand for the board's."""
+    """The build timed against the same model's float build on the target's host runtime, or estimated for the
+    board's kernels where the host runtime does not stand for them (``Speed.estimated``: jetson's TensorRT); None
+    where neither can be had here; ``judged`` False where the figures do not stand for the board's kernels."""
 
     def host_speed(self, job: ConvertJob, artifact: Artifact) -> Speed | None: ...
 

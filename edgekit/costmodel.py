@@ -83,6 +83,7 @@ class Candidate:
     prune_ratio: float = 0.0  # structured channel pruning
     sparsity: str | None = None  # "2:4" where the board supports it
     float_layers: tuple[str, ...] = ()  # layers kept at higher precision (sensitivity)
+    kept_precision: str = "fp32"  # what the kept layers run at on the board's kernels (Target.kept_precision)
 
     @property
     def label(self) -> str:
@@ -92,7 +93,7 @@ class Candidate:
         if self.sparsity:
             parts.append(self.sparsity)
         if self.float_layers:
-            parts.append(f"{len(self.float_layers)} float layer(s)")
+            parts.append(f"{len(self.float_layers)} {self.kept_precision} layer(s)")
         parts.append(self.power_mode)
         return " / ".join(parts)
 
@@ -209,7 +210,7 @@ def layer_terms(stats: ModelStats, board: Board, cand: Candidate) -> list[LayerT
     out: list[LayerTerms] = []
     prev_act = float(stats.input_bytes)
     for i, lay in enumerate(stats.layers):
-        prec = "fp32" if lay.name in cand.float_layers else cand.precision
+        prec = cand.kept_precision if lay.name in cand.float_layers else cand.precision
         # pruning: inputs of every weight layer after the first are pruned, outputs of all but the last
         keep_in = (1 - r) if (lay.op in WEIGHT_OPS and i > first and i <= last) else 1.0
         keep_out = (1 - r) if (i < last) else 1.0

@@ -429,6 +429,8 @@ def weight_layer_names(stats: ModelStats) -> list[str]:
 
 
 def with_float_layers(plan: Plan, layers: list[str]) -> Scored:
-    """Re-estimate the plan's choice with ``layers`` kept in fp32 (after a sensitivity step)."""
-    cand = replace(plan.candidate, float_layers=tuple(layers))
+    """Re-estimate the plan's choice with ``layers`` kept out of INT8 (after a sensitivity step), at the precision
+    the target's kernels run them (``Target.kept_precision``: fp16 on TensorRT and Core ML, fp32 on LiteRT)."""
+    kept = load_target(plan.target).kept_precision
+    cand = replace(plan.candidate, float_layers=tuple(layers), kept_precision=kept)
     return score(estimate(plan.stats, plan.profile, cand), plan.budgets)

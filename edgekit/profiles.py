@@ -223,6 +223,10 @@ class Target(_Strict):
     converter_gaps: dict[str, str] = Field(
         default_factory=dict, description="op -> why edgekit refuses it although the target's runtime has it (a "
         "limitation of edgekit's converter, said so in the refusal)")
+    kept_precision: Literal["fp32", "fp16"] = Field(
+        default="fp32", description="the precision the board's kernels run a layer kept out of INT8 at (mixed "
+        "precision): TensorRT builds --int8 --fp16 (fp16), Core ML computes float in fp16, LiteRT runs a layer "
+        "between DEQUANTIZE and QUANTIZE on fp32 kernels; the cost model prices kept layers at it")
     tolerances: dict[Precision, Tolerance]
 
     @model_validator(mode="after")

@@ -32,6 +32,8 @@ class Speed:
     kernels: str  # which kernels the build's ops run on, in words (e.g. "int8 XNNPACK: 40 ops; float: 2 ops")
     judged: bool = True  # False: this host's timing does not stand for the board (see ``not_judged``)
     not_judged: str = ""
+    float_precision: str = "fp32"  # the float build compared against (jetson: the fp16 engine)
+    estimated: bool = False  # the cost model's figures for the board's kernels, not a timing (``runs`` is 0)
 
     @property
     def speedup(self) -> float:
@@ -53,8 +55,9 @@ class Speed:
             how = f"{self.speedup:.2f}x faster than"
         else:
             how = "as fast as (within timing noise)"
-        return (f"speed on {self.runtime}: {precision} {self.ms:.4g} ms, {how} the fp32 build's {self.float_ms:.4g} ms "
-                f"(median of {self.runs} interleaved runs); {self.kernels}")
+        how_known = "estimated, not timed" if self.estimated else f"median of {self.runs} interleaved runs"
+        return (f"speed on {self.runtime}: {precision} {self.ms:.4g} ms, {how} the {self.float_precision} build's "
+                f"{self.float_ms:.4g} ms ({how_known}); {self.kernels}")
 
 
 def interleaved(run_float: Callable[[], None], run_build: Callable[[], None], budget_s: float = ROUND_BUDGET_S,
@@ -83,6 +86,7 @@ def verdict(speed: Speed, precision: str, allowed: bool) -> str | None:
     user accepted it."""
     if precision != "int8" or not speed.judged or not speed.slower or allowed:
         return None
-    return (f"speed: the INT8 build runs {1 / speed.speedup:.2f}x slower than the fp32 build on {speed.runtime} "
+    return (f"speed: the INT8 build runs {1 / speed.speedup:.2f}x slower than the {speed.float_precision} build on "
+            f"{speed.runtime} "
             f"({speed.ms:.4g} ms against {speed.float_ms:.4g} ms; {speed.kernels}): INT8 is for speed on the board, "
             "and this one costs time; ship the fp32 (or fp16) build, or pass --allow-slower-int8 to accept it")

@@ -419,6 +419,10 @@ def speed(job: ConvertJob, converter: Any, artifact: Artifact, checked: Checked,
     failure = verdict(timed, job.precision, job.allow_slower_int8)
     if failure:
         v.failures.append(failure)
+    elif timed.slower and timed.estimated:
+        warn(f"the cost model estimates the INT8 build {1 / timed.speedup:.2f}x slower than the "
+             f"{timed.float_precision} build on {timed.runtime} ({timed.kernels}); time both on the board before "
+             "shipping it")
     elif timed.slower and timed.judged:
         warn(f"the INT8 build runs {1 / timed.speedup:.2f}x slower than fp32 on {timed.runtime}; accepted by "
              "--allow-slower-int8")

@@ -61,3 +61,34 @@ def test_an_android_int8_build_is_timed_against_its_fp32_build(digits, tmp_path)
     assert man["verification"]["passed"] == (not sp["slower"]) and (r.exit_code == 0) == man["verification"]["passed"]
     assert "speed on LiteRT" in (out / "report.md").read_text()
     assert man["timings_s"]["speed"] >= 0
+
+
+def test_a_jetson_int8_build_is_estimated_against_the_fp16_engine_with_its_kept_layers(digits, tmp_path):
+    """jetson: onnxruntime on this CPU does not stand for TensorRT, so the INT8 engine is priced by the cost model
+    at the precision TensorRT runs each layer: every conv on INT8 kernels; a conv kept out of Q/DQ on fp16 kernels
+    with a reformat before and after it, which costs time. The figures are an estimate and never judge."""
+    import json
+
+    def build(out, *extra):
+        r = CliRunner().invoke(app, ["convert", str(digits["model"]), "-t", "jetson", "-p", "int8", "--calib",
+                                     str(digits["calib"]), "--no-cache", "-o", str(out), *extra])
+        assert r.exit_code == 0, r.output
+        return json.loads((out / "manifest.json").read_text())["artifact"]["speed"], r.output
+
+    sp, out = build(tmp_path / "all")
+    assert sp["estimated"] and sp["runs"] == 0 and not sp["judged"] and sp["float_precision"] == "fp16"
+    assert sp["runtime"] == "TensorRT on jetson-orin-nano-8gb at 15W, cost model"
+    assert sp["kernels"] == "4 of 4 conv / matmul layers on INT8 kernels"
+    assert "fp16 build's speed, estimated" in out
+    kept, _ = build(tmp_path / "kept", "--option", "keep_float_nodes=node_Conv_28")
+    assert kept["kernels"] == ("3 of 4 conv / matmul layers on INT8 kernels, 1 on fp16 kernels with a reformat "
+                               "before and after each")
+    assert kept["ms"] > sp["ms"] and kept["float_ms"] == sp["float_ms"]
+
+
+def test_the_planner_prices_kept_layers_at_the_precision_the_target_runs_them():
+    """TensorRT and Core ML run a layer kept out of INT8 in fp16; LiteRT runs it on fp32 kernels."""
+    from edgekit.profiles import load_target
+
+    assert load_target("jetson").kept_precision == "fp16" and load_target("ios").kept_precision == "fp16"
+    assert load_target("android").kept_precision == "fp32"

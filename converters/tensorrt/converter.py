@@ -12,11 +12,13 @@ from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.converters.tensorrt.engine import build_engine
 from edgekit.converters.tensorrt.quantize import quantize_int8
 from edgekit.converters.tensorrt.search import layer_search
+from edgekit.converters.tensorrt.speed import board_estimate
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
 from edgekit.mixed.search import Search, keep_layers
 from edgekit.onnx_fuse import fold_pad_into_maxpool
 from edgekit.onnx_graph import export_onnx, prune_opsets, slim, toposort
+from edgekit.speed import Speed
 
 PRIMARY = "model.onnx"
 
@@ -74,6 +76,12 @@ class TensorRTConverter:
         return layer_search(job, artifact)
 
     keep_layers = keep_layers  # the INT8 build again with the kept nodes left out of Q/DQ (edgekit.mixed.search)
+
+    @staticmethod
+    def host_speed(job: ConvertJob, artifact: Artifact) -> Speed | None:
+        """The INT8 engine against the fp16 engine on the board, from the cost model (speed.py): onnxruntime on
+        this CPU does not stand for TensorRT's kernels."""
+        return board_estimate(job, artifact)
 
     def host_runner(self, job: ConvertJob, artifact: Artifact) -> Runner:
         # the bundle's own onnxruntime runner (firmware/tensorrt/run.py): the host verifies with

@@ -115,8 +115,10 @@ def convert(
     sp = man["artifact"].get("speed")
     if sp:  # the INT8 build's speed against fp32 on the target's host runtime (edgekit.speed)
         colour = "red" if sp["slower"] else "green" if sp["speedup"] > 1 else "yellow"
-        console.print(f"[{colour}]speed[/] {sp['runtime']}: {man['precision']} {sp['ms']:.4g} ms, fp32 "
-                      f"{sp['float_ms']:.4g} ms ({sp['speedup']:.2f}x the fp32 build's speed)")
+        fp = sp.get("float_precision", "fp32")
+        how = ", estimated" if sp.get("estimated") else ""
+        console.print(f"[{colour}]speed[/] {sp['runtime']}: {man['precision']} {sp['ms']:.4g} ms, {fp} "
+                      f"{sp['float_ms']:.4g} ms ({sp['speedup']:.2f}x the {fp} build's speed{how})")
     for n in res.notes:
         if not n.startswith("speed on "):  # printed above
             console.print(f"[dim]note: {n}[/]")
