@@ -342,5 +342,21 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
         return result(node, lambda x: torch.index_select(x, axis, torch.tensor(
             [r + x.shape[axis] if r < 0 else r for r in rows], dtype=torch.long)), f"Gather({rows}, axis={axis})")
 
+    def split(node, graph):  # sizes as Python ints: onnx2torch's ``split.tolist()`` gives torch.export unbacked
+        # symbols (YOLOv8's C2f and DFL head: litert-torch's ConcretizationTypeError, Core ML's
+        # PendingUnbackedSymbolNotFound)
+        axis, n = int(node.attributes.get("axis", 0)), len(node.output_values)
+        sizes = node.attributes.get("split")  # opset < 13: an attribute
+        if len(node.input_values) > 1 and node.input_values[1]:
+            p = const(graph, node.input_values[1])
+            if p is False or p is None:
+                return None
+            sizes = p
+        if sizes is not None:
+            sizes = [int(v) for v in np.asarray(sizes).reshape(-1)]
+            return result(node, lambda x: torch.split(x, sizes, dim=axis), f"Split({sizes}, axis={axis})")
+        # no sizes: n equal parts, the last one smaller where the axis does not divide (opset 18 num_outputs)
+        return result(node, lambda x: torch.split(x, -(-x.shape[axis] // n), dim=axis), f"Split({n} parts, axis={axis})")
+
     return {"Slice": slice_, "Squeeze": squeeze, "Unsqueeze": unsqueeze, "Pad": pad, "Resize": resize,
-            "Expand": expand, "Tile": tile, "Clip": clip, "Gather": gather}
+            "Expand": expand, "Tile": tile, "Clip": clip, "Gather": gather, "Split": split}
