@@ -122,6 +122,38 @@ def register_extra_converters() -> None:
         return None
 
     static_first("Reshape", reshape)
+
+    class ConstPReLU(torch.nn.Module):
+        """PRelu with a constant slope as ``F.prelu`` where the slope is one per channel of axis 1 (or one value),
+        else ``where(x >= 0, x, x * slope)``. onnx2torch's own writes ``out[x >= 0] = x[...]`` for a slope such
+        as keras2onnx's [1, C, 1, 1], which torch.export cannot trace (boolean indexing); ``aten.prelu`` is also
+        what the targets' PReLU lowering and int8 rewrites take."""
+
+        def __init__(self, slope):
+            super().__init__()
+            slope = np.ascontiguousarray(slope, dtype=np.float32)
+            self.register_buffer("slope", torch.from_numpy(slope))
+            self.register_buffer("weight", torch.from_numpy(slope.reshape(-1).copy()))  # F.prelu's, per channel
+
+        def forward(self, x):
+            s = self.slope
+            shape = [1] * (x.dim() - s.dim()) + list(s.shape)
+            if s.numel() == 1 or (x.dim() >= 2 and len(shape) == x.dim() and shape[1] == x.shape[1]
+                                  and all(d == 1 for i, d in enumerate(shape) if i != 1)):
+                return F_prelu(x, self.weight)
+            return torch.where(x >= 0, x, x * s)
+
+    F_prelu = torch.nn.functional.prelu
+
+    def prelu(node, graph):
+        slope = node.input_values[1] if len(node.input_values) > 1 else ""
+        if slope not in graph.initializers:
+            return None
+        return OperationConverterResult(torch_module=ConstPReLU(graph.initializers[slope].to_numpy()),
+                                        onnx_mapping=OnnxMapping(inputs=(node.input_values[0],),
+                                                                 outputs=tuple(node.output_values)))
+
+    static_first("PRelu", prelu)
     for op, make in _static_converters(torch, OnnxMapping, OperationConverterResult).items():
         static_first(op, make)
     _REGISTERED = True

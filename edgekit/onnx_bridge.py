@@ -122,8 +122,14 @@ def to_torch(proto, source: str):
             for k in ("torchvision", "torchvision.ops"):
                 sys.modules.pop(k, None)
     from edgekit.onnx2torch_ops import register_extra_converters
+    from edgekit.onnx_rewrites import explicit_auto_pads
 
     register_extra_converters()
+    if any(a.name == "auto_pad" for n in proto.graph.node for a in n.attribute):
+        import copy
+
+        proto = copy.deepcopy(proto)  # the prepared graph stays as given (it is the float reference)
+        explicit_auto_pads(proto)
     try:
         return onnx2torch.convert(proto)
     except UnsupportedOpError:

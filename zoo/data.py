@@ -377,6 +377,30 @@ def logmel_frames_nhwc(frames: int, bands: int, cache: Path, n: int = SAMPLES) -
     return _windows(mels, frames, n)[..., None].astype(np.float32)
 
 
+def mtcnn_windows(size: int, n: int = SAMPLES) -> np.ndarray:
+    """The windows an MTCNN cascade scores, as its Keras models take them: RGB, channels-last, (x - 127.5) / 128,
+    rows and columns swapped (the cascade transposes each image). Every other one a face: the Labeled Faces in the
+    Wild crops scikit-image ships (``data.lfw_subset()``, grey, 25 x 25) and a few mirrored, shifted crops of them;
+    the rest crops of the colour photographs at random scales, which is most of what the first stage sees."""
+    from skimage import data
+
+    faces = np.asarray(data.lfw_subset()[:100], np.float32) * 255.0  # the first 100 are faces
+    rng = np.random.default_rng(7)
+    face = []
+    for i in range((n + 1) // 2):
+        f = faces[i % len(faces)]
+        if i >= len(faces):  # mirrored, shifted by a few pixels: a window beside the face's centre
+            f = f[:, ::-1]
+            k = int(round(f.shape[0] * rng.uniform(0.8, 1.0)))
+            y, x = rng.integers(0, f.shape[0] - k + 1), rng.integers(0, f.shape[1] - k + 1)
+            f = f[y:y + k, x:x + k]
+        face.append(np.repeat(_resize(f, size, size)[..., None], 3, axis=2))
+    other = list(_crops(size, size, n // 2, seed=11))
+    out = [w for pair in zip(face, other) for w in pair] + face[len(other):]
+    x = (np.clip(np.stack(out[:n]), 0, 255) - 127.5) * 0.0078125
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3), dtype=np.float32)
+
+
 def photo_rgb_nhwc_01(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     """Photographs in [0, 1], channels-last [N, h, w, 3] (Keras image models)."""
     return (_crops(h, w, n) / 255.0).astype(np.float32)
@@ -490,6 +514,8 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
         return globals()[name](a[0], cache)
     if name in ("kws_mfcc_nhwc", "logmel_frames_nhwc"):
         return globals()[name](a[0], a[1], cache)
+    if name == "mtcnn_windows":
+        return mtcnn_windows(a[0])
     if name == "photo_rgb_nhwc_01":
         return photo_rgb_nhwc_01(*a)
     if name == "oww_mel_windows":
