@@ -389,7 +389,8 @@ def _cancelling_pt2(tmp_path):
 
 def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_path, monkeypatch):
     """The jetson search ranks each Q/DQ node by the worse of its local SQNR and the output SNR of the INT8 build
-    with only that node's inputs rounded (converters/tensorrt/search.py _isolated_snr). That measure equals a real
+    with only that node's inputs rounded (converters/tensorrt/search.py _isolated_snr, on the simulated INT8 graph
+    with only that node switched on: converters/tensorrt/simulate.py). That measure equals a real
     quantize_static build with every other node excluded, and it ranks both convs of _cancelling_pt2 low, where their
     local measures do not (ppocr-cls: keeping the 5 nodes it ranks worst float took 1000 held-out lines from 95.0%
     to 97.5% agreement)."""
@@ -405,6 +406,7 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
     from edgekit.converters.tensorrt.qdq import run_model as _run
     from edgekit.converters.tensorrt.qdq import write_qdq as _qdq
     from edgekit.converters.tensorrt.search import _isolated_snr
+    from edgekit.converters.tensorrt.simulate import method_ranges, simulation
     from edgekit.mixed.search import output_snr_db
 
     x = _cancelling_pt2(tmp_path)
@@ -438,7 +440,9 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
     _qdq(pre, tmp_path / "all.onnx", ranges, "minmax", [], "tensorrt")
     nodes = [n.name for n in onnx.load(str(pre)).graph.node if n.op_type in TRT_QDQ_OPS]
     ref = _run(pre, search)
-    alone = _isolated_snr(pre, tmp_path / "all.onnx", nodes, search, ref, tmp_path)
+    sim = simulation(job, pre, ranges, "minmax", [], "tensorrt")
+    sim.use_scales(method_ranges(ranges))
+    alone = _isolated_snr(sim, nodes, search, ref)
     assert sorted(alone) == sorted(nodes) == [conv1, conv2]
     for n in nodes:
         _qdq(pre, tmp_path / "one.onnx", ranges, "minmax", [m for m in nodes if m != n], "tensorrt")

@@ -35,13 +35,14 @@ def calibrated_ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histog
     """Activation ranges of ``pre`` by calibration method ``name`` with its settings, computed once per build
     (cached in the work folder as onnxruntime's calibration cache). ``histograms``: a dict kept by the caller
     across methods, where the |x| histograms collected once serve every method that reads them (percentile,
-    percentile-99.99, mse: 2048 bins each), instead of one calibration pass per method. ``tag``: another model
+    percentile-99.99, mse: 2048 bins each; and min-max, from their first pass), instead of one calibration pass per
+    method. ``tag``: another model
     than the build's preprocessed one, cached apart."""
     cache = job.work_dir / f"ranges-{tag}{name}.json"
     if cache.is_file():
         return cache
-    from onnxruntime.quantization.calibrate import (CalibrationMethod, HistogramCollector, TensorsData,
-                                                    create_calibrator, save_tensors_data)
+    from onnxruntime.quantization.calibrate import (CalibrationMethod, HistogramCollector, TensorData,
+                                                    TensorsData, create_calibrator, save_tensors_data)
 
     method, settings = CALIBRATIONS[name]
 
@@ -52,14 +53,17 @@ def calibrated_ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histog
         def get_next(self):
             return next(self.it, None)
 
-    shared = method == "Percentile" and histograms is not None
+    # min-max reads the signed min and max the histograms' first pass finds: the same numbers as onnxruntime's
+    # MinMax calibrator (symmetric: +-the largest |min|, |max| over every batch), without a pass of its own
+    shared = histograms is not None and (method == "Percentile" or name == "minmax")
+    hist_method, hist_settings = CALIBRATIONS["percentile"] if name == "minmax" else (method, settings)
     with contextlib.redirect_stdout(io.StringIO()):
         collector = histograms.get("percentile") if shared else None
         if collector is None:
             cal = create_calibrator(pre, None, augmented_model_path=str(job.work_dir / f"augmented-{tag}{name}.onnx"),
-                                    calibrate_method=getattr(CalibrationMethod, method),
-                                    extra_options={"symmetric": True, **settings})
-            if method != "Percentile":
+                                    calibrate_method=getattr(CalibrationMethod, hist_method if shared else method),
+                                    extra_options={"symmetric": True, **(hist_settings if shared else settings)})
+            if not shared and method != "Percentile":
                 cal.collect_data(Reader())
                 save_tensors_data(cal.compute_data(), cache)
                 return cache
@@ -74,6 +78,11 @@ def calibrated_ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histog
             gc.collect()
             if shared:
                 histograms["percentile"] = collector
+        if name == "minmax":
+            top = {t: np.nanmax([np.abs(lo), np.abs(hi)], axis=0) for t, (_h, _e, lo, hi) in
+                   collector.histogram_dict.items()}
+            save_tensors_data(TensorsData(CalibrationMethod.MinMax, {t: (-a, a) for t, a in top.items()}), cache)
+            return cache
         if name == "mse":  # the percentile collector's |x| histograms, edgekit's threshold rule
             result = _mse_thresholds(collector.histogram_dict)
         elif name == "entropy":
@@ -81,7 +90,9 @@ def calibrated_ranges(job: ConvertJob, pre: Path, feeds: list, name: str, histog
         else:
             collector.percentile = settings["percentile"]
             result = collector.compute_percentile()
-        save_tensors_data(TensorsData(CalibrationMethod.Percentile, result), cache)
+        # the range only: quantize_static reads no more for int8 (the histograms made the cache file ~MBs of JSON)
+        save_tensors_data(TensorsData(CalibrationMethod.Percentile,
+                                      {t: TensorData(lowest=v[0], highest=v[1]) for t, v in result.items()}), cache)
     return cache
 
 

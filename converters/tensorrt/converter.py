@@ -11,7 +11,7 @@ import numpy as np
 from edgekit.converters import Artifact, ConvertJob, Runner, load_firmware
 from edgekit.converters.tensorrt.engine import build_engine
 from edgekit.converters.tensorrt.quantize import quantize_int8
-from edgekit.converters.tensorrt.search import layer_search
+from edgekit.converters.tensorrt.search import layer_search, simulated_vs_real
 from edgekit.converters.tensorrt.speed import board_estimate
 from edgekit.deps import require, toolchain_versions
 from edgekit.errors import ConversionError
@@ -75,7 +75,17 @@ class TensorRTConverter:
         """The layers an INT8 build may keep out of quantization and a builder for the search (search.py)."""
         return layer_search(job, artifact)
 
-    keep_layers = keep_layers  # the INT8 build again with the kept nodes left out of Q/DQ (edgekit.mixed.search)
+    def keep_layers(self, job: ConvertJob, artifact: Artifact, kept: list[str], calibration: str | None = None
+                    ) -> Artifact:
+        """The INT8 build again with the kept nodes left out of Q/DQ (edgekit.mixed.search), built for real; its
+        output SNR on the search samples recorded against what the simulated graph measured for the same set."""
+        again = keep_layers(self, job, artifact, kept, calibration)
+        check = simulated_vs_real(job, again, kept)
+        if check is not None:
+            again.meta["quantization"]["simulated_vs_real"] = check
+            job.log(f"kept set of {len(kept)}: output SNR simulated {check['simulated_snr_db']} dB, real build "
+                    f"{check['real_snr_db']} dB on the search samples")
+        return again
 
     @staticmethod
     def host_speed(job: ConvertJob, artifact: Artifact) -> Speed | None:

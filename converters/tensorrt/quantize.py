@@ -1,5 +1,5 @@
 """The INT8 build: the float model preprocessed, its activation ranges calibrated by the method that measures best
-(or the one given), the student's ranges, depthwise equalization and bias correction where asked, the Q/DQ model
+(or the one given; each method measured on one simulated INT8 graph, simulate.py), the student's ranges, depthwise equalization and bias correction where asked, the Q/DQ model
 written; returns the manifest's quantization record."""
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from edgekit.converters import ConvertJob
 from edgekit.converters.tensorrt.bias import bias_correction
 from edgekit.converters.tensorrt.calibration import CALIBRATIONS, calibrated_ranges
 from edgekit.converters.tensorrt.equalize import equalize_before, equalize_if_better, equalize_mode
-from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS, placement, preprocessed, run_model, write_qdq
+from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS, placement, preprocessed, write_qdq
+from edgekit.converters.tensorrt.simulate import method_ranges, simulation
 from edgekit.converters.tensorrt.student import impose_student_ranges
 from edgekit.deps import require
 from edgekit.mixed.search import output_snr_db, search_feeds
@@ -69,22 +70,26 @@ def quantize_int8(job: ConvertJob, src: Path, dest: Path) -> dict:
 def choose_calibration(job: ConvertJob, pre: Path, feeds: list, excluded: list[str],
                        where: str) -> tuple[str, dict[str, float]]:
     """The calibration method to build with and, for ``calibration=auto``, each method's output SNR against float
-    (dB) on the search samples: every method's INT8 model is built and the best wins."""
+    (dB) on the search samples: every method's ranges are fed as scales to the one simulated INT8 graph
+    (simulate.py), which computes what that method's Q/DQ model computes, and the best wins."""
     asked = job.options.get("calibration") or "auto"
     if asked != "auto":
         return asked, {}
     measured: dict[str, float] = {}
     search = search_feeds(job)
-    ref = run_model(pre, search)
     histograms: dict = {}  # one |x| histogram collection for the methods that read it
+    ranges = {}
     for name in CALIBRATIONS:
-        cand = job.work_dir / f"int8-{name}.onnx"
         with job.substep(f"calibration ({name})"):
-            ranges = calibrated_ranges(job, pre, feeds, name, histograms)
-        write_qdq(pre, cand, ranges, name, excluded, where)
-        measured[name] = round(output_snr_db(ref, run_model(cand, search)), 2)
+            ranges[name] = calibrated_ranges(job, pre, feeds, name, histograms)
+    first = next(iter(CALIBRATIONS))
+    with job.substep("simulated INT8 graph"):
+        sim = simulation(job, pre, ranges[first], first, excluded, where)
+    ref = sim.float_outputs(search)
+    for name in CALIBRATIONS:
+        measured[name] = round(output_snr_db(ref, sim.run(search, ranges=method_ranges(ranges[name]))), 2)
     chosen = max(measured, key=lambda k: measured[k])
     job.log("calibration by measurement (output SNR against float on "
-            f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
+            f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples, one simulated INT8 graph): "
             + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
     return chosen, measured

@@ -4,14 +4,15 @@ allows)."""
 
 from __future__ import annotations
 
+import json
 import time
-from pathlib import Path
 
 import numpy as np
 
 from edgekit.converters import Artifact, ConvertJob
 from edgekit.converters.tensorrt.calibration import calibrated_ranges
 from edgekit.converters.tensorrt.qdq import QUANTIZED_OPS, TRT_QDQ_OPS, placement, run_model, write_qdq
+from edgekit.converters.tensorrt.simulate import Simulation, method_ranges, simulation
 from edgekit.deps import require
 from edgekit.mixed.search import (Layer, Search, channel_energy, db, output_snr_db, quant_noise, search_feeds,
                                   weight_sqnr_db)
@@ -100,73 +101,93 @@ def layer_search(job: ConvertJob, artifact: Artifact) -> Search:
                 scores.append(weight_sqnr_db(arr, e_in[0] / e_in[1], float(np.sum(e_out[0] / e_out[1])), groups))
         if scores:
             layers.append(Layer(n.name, n.op_type, round(float(min(scores)), 2)))
-    ref = run_model(pre, search)
-    # and by what its rounding costs the output alone, through the layers after it (the worse of the two)
-    full = job.work_dir / "mixed-all.onnx"
-    write_qdq(pre, full, ranges_path, method, base_excluded, where)
+    # one simulated INT8 graph (simulate.py) serves every measure below: each node's rounding alone, and every
+    # kept set the search asks for; only the set it keeps is built for real (keep_layers) and verified
+    with job.substep("simulated INT8 graph"):
+        sim = simulation(job, pre, ranges_path, method, base_excluded, where)
+    sim.use_scales(method_ranges(ranges_path))
+    ref = sim.float_outputs(search)
     t0 = time.perf_counter()
+    # and by what its rounding costs the output alone, through the layers after it (the worse of the two)
     # the locally worst first, where the budget ends early: a third of --search-budget (the whole search counts it)
-    alone = _isolated_snr(pre, full, [lay.name for lay in sorted(layers, key=lambda x: x.local_sqnr_db)],
-                          search, ref, job.work_dir, min(ISOLATED_BUDGET_S, job.search_budget_s / 3))
-    full.unlink()
+    alone = _isolated_snr(sim, [lay.name for lay in sorted(layers, key=lambda x: x.local_sqnr_db)], search, ref,
+                          min(ISOLATED_BUDGET_S, job.search_budget_s / 3))
     job.log(f"each node's rounding alone measured at the output: {len(alone)} of {len(layers)} nodes in "
-            f"{time.perf_counter() - t0:.1f} s")
+            f"{time.perf_counter() - t0:.1f} s (one simulated INT8 graph)")
     for lay in layers:
         if np.isfinite(alone.get(lay.name, np.inf)):
             lay.local_sqnr_db = round(float(min(lay.local_sqnr_db, alone[lay.name])), 2)
     step = iter(range(10**6))
+    simulated: dict[str, float] = {}  # kept set -> simulated output SNR: the real build of the chosen set is held to it
+    switched = set(sim.nodes)
 
     def outputs(kept: list[str]) -> list[np.ndarray]:
-        cand = job.work_dir / f"mixed-{next(step)}.onnx"
-        write_qdq(pre, cand, ranges_path, method, base_excluded + kept, where)
-        got = run_model(cand, search)
-        cand.unlink()
+        if where == "tensorrt":  # each node's own Q/DQ pairs: the simulation is the build
+            got = sim.run(search, quantized=switched - set(kept))
+        else:  # qdq=all: a node's output pair is its consumers' input pair too; build it
+            cand = job.work_dir / f"mixed-{next(step)}.onnx"
+            write_qdq(pre, cand, ranges_path, method, base_excluded + kept, where)
+            got = run_model(cand, search)
+            cand.unlink()
+        simulated[",".join(sorted(kept))] = output_snr_db(ref, got)
+        _save_simulated(job, simulated, ref, where)
         return got
 
     return Search(layers, outputs, ref, "float (left out of Q/DQ; TensorRT runs it in fp16 under --fp16)",
                   by_rank=bool(alone))
 
 
-def _isolated_snr(pre: Path, full: Path, nodes: list[str], search: list, ref: list[np.ndarray], work: Path,
-                  budget_s: float = ISOLATED_BUDGET_S) -> dict[str, float]:
-    """Per node named in ``nodes``: the output SNR against float (dB) on ``search`` of the INT8 build ``full`` with
-    only that node's inputs rounded (its activations at their calibrated ranges, its int8 weights), every other
-    node reading the float values its Q/DQ pairs stand for (``pre``'s inputs of the node of the same name). It
-    sees what a node's rounding costs the output through the layers after it, which its local SQNR does not: a
-    first convolution's input rounding, amplified downstream (the jetson analogue of the 16x8 search's
-    weight effect in the tflite converter). Nodes are measured in the order given until ``budget_s`` is spent (one
-    onnxruntime session and run each); the rest are left out of the result."""
-    onnx = require("onnx", "jetson")
+SIMULATED = "simulated-scores.json"  # the work folder's record of the kept sets the simulation measured
+SIMULATED_REF = "simulated-reference.npz"  # ... and the float outputs they were measured against
 
-    proto = onnx.load(str(full))
-    base = onnx.load(str(pre))
-    originals = {n.name: list(n.input) for n in base.graph.node}
-    dequantized = {o for n in proto.graph.node if n.op_type == "DequantizeLinear" for o in n.output}
-    have = {i.name for i in proto.graph.initializer}
-    floats = {i.name: i for i in base.graph.initializer if i.name not in have}  # the weights Q/DQ replaced
-    rewire = {}  # node index -> its inputs with each dequantized one replaced by the float tensor it stands for
-    for k, n in enumerate(proto.graph.node):
-        orig = originals.get(n.name)
-        if orig is not None and len(orig) == len(n.input) and any(t in dequantized for t in n.input):
-            rewire[k] = [o if t in dequantized else t for t, o in zip(n.input, orig, strict=True)]
-    index = {n.name: k for k, n in enumerate(proto.graph.node) if k in rewire}
+
+def _save_simulated(job: ConvertJob, simulated: dict[str, float], ref: list[np.ndarray], where: str) -> None:
+    path = job.work_dir / SIMULATED
+    if not (job.work_dir / SIMULATED_REF).is_file():
+        np.savez(job.work_dir / SIMULATED_REF, *ref)
+    path.write_text(json.dumps({"simulated": where == "tensorrt", "snr_db": simulated}))
+
+
+def simulated_vs_real(job: ConvertJob, artifact: Artifact, kept: list[str]) -> dict | None:
+    """For a build with ``kept`` nodes float that the search measured: its output SNR on the search samples as the
+    simulated graph measured it and as the real Q/DQ model (``artifact``) gives it; None where the search did
+    not measure this set (its scores came from the sensitivity cache)."""
+    try:
+        rec = json.loads((job.work_dir / SIMULATED).read_text())
+        with np.load(job.work_dir / SIMULATED_REF) as z:
+            ref = [z[f"arr_{i}"] for i in range(len(z.files))]
+    except (OSError, ValueError):
+        return None
+    sim = rec["snr_db"].get(",".join(sorted(kept)))
+    if sim is None:
+        return None
+    real = output_snr_db(ref, run_model(job.out_dir / artifact.primary, search_feeds(job)))
+    return {"kept": len(kept), "simulated_snr_db": _num(sim), "real_snr_db": _num(real),
+            "difference_db": (0.0 if real == sim else _num(real - sim) if np.isfinite(real) and np.isfinite(sim)
+                              else None),
+            "simulated": bool(rec["simulated"])}
+
+
+def _num(x: float) -> float | str:
+    return round(float(x), 3) if np.isfinite(x) else str(x)
+
+
+def _isolated_snr(sim: Simulation, nodes: list[str], search: list, ref: list[np.ndarray],
+                  budget_s: float = ISOLATED_BUDGET_S) -> dict[str, float]:
+    """Per node named in ``nodes``: the output SNR against float (dB) on ``search`` with only that node's inputs
+    rounded (its activations at their calibrated ranges, its int8 weights), every other node reading the float
+    values its Q/DQ pairs stand for: the simulated graph with only that node switched on. It sees what a node's
+    rounding costs the output through the layers after it, which its local SNR does not: a first convolution's
+    input rounding, amplified downstream (the jetson analogue of the 16x8 search's weight effect in the tflite
+    converter). Nodes are measured in the order given until ``budget_s`` is spent (one run of the simulated
+    graph's session each); the rest are left out of the result."""
     out: dict[str, float] = {}
+    switchable = set(sim.nodes)
     t0 = time.perf_counter()
     for name in nodes:
-        k = index.get(name)
-        if k is None:
+        if name not in switchable:
             continue
         if time.perf_counter() - t0 > budget_s:
             break
-        iso = onnx.ModelProto()
-        iso.CopyFrom(proto)
-        for j, inputs in rewire.items():
-            if j != k:
-                del iso.graph.node[j].input[:]
-                iso.graph.node[j].input.extend(inputs)
-                iso.graph.initializer.extend(floats[t] for t in inputs if t in floats)
-        cand = work / "mixed-isolated.onnx"
-        onnx.save(iso, str(cand))
-        out[name] = output_snr_db(ref, run_model(cand, search))
-        cand.unlink()
+        out[name] = output_snr_db(ref, sim.run(search, quantized=[name]))
     return out
