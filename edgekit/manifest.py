@@ -44,7 +44,7 @@ class GoldenTensor(_Record):
     key: str
     shape: list[int]
     dtype: str
-    kind: str | None = None  # outputs: class | regression | mask | index | detection | ctc (the board judges it too)
+    kind: str | None = None  # outputs: class | regression | mask | index | detection | detection_cf | ctc (the board judges it too)
     # the axis of the model's own tensor that holds the batch (1 for a time-major [T, N, C] recogniser or a
     # recurrent state [layers, N, H]; "none": no batch axis, one sample per run); the golden array has the samples
     # first: the board moves an input's to this axis and merges its runs' outputs on it (absent: 0)

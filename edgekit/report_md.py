@@ -28,7 +28,7 @@ def _ties(m: dict[str, Any]) -> str:
 
 def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
     m = o.get("metrics") or {}
-    if o.get("kind") == "detection" and "iou" in m:
+    if o.get("kind") in ("detection", "detection_cf") and "iou" in m:
         need = f" (≥ {tol['min_snr_db']:g} dB)" if tol.get("min_snr_db") is not None else ""
         return (f"detections IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g}), "
                 f"boxes SNR {m.get('snr_db', float('inf')):.1f} dB{need}")
@@ -42,7 +42,7 @@ def _metric(o: dict[str, Any], tol: dict[str, Any]) -> str:
         return f"IoU {m['iou']:.3f} (≥ {tol.get('min_iou', 0.9):g})"
     if o.get("kind") == "mask":
         return "no sample reaches 0.5 in either model: judged by max error"
-    if o.get("kind") == "detection":
+    if o.get("kind") in ("detection", "detection_cf"):
         return "nothing detected in either model: judged by max error"
     if "exact_match" in m:
         return f"exact {m['exact_match']:.1%} (≥ {tol.get('min_exact', 0.99):.0%})"

@@ -35,7 +35,7 @@ class OutputCheck:
     min_top1_agreement: float | None
     passed: bool
     top1_agreement_ci95: tuple[float, float] | None = None  # Wilson interval over the golden samples
-    kind: str = "regression"  # class | regression | mask | index | detection | ctc
+    kind: str = "regression"  # class | regression | mask | index | detection | detection_cf | ctc
     metrics: dict[str, float] = field(default_factory=dict)  # the kind's own: snr_db, cosine, top5, iou, exact
     worst_sample: int | None = None  # golden sample index with the largest error
     # the axis of the model's own output that holds the batch (1 for a time-major [T, N, C] or a recurrent state
@@ -200,9 +200,10 @@ def reference_outputs(model: Model, reference: Runner, golden: Dataset) -> list[
 
 def infer_kinds(model: Model, reference: Runner, golden: Dataset, overrides: dict[str, str] | None = None,
                 outputs: list[np.ndarray] | None = None) -> dict[str, str]:
-    """Each output's kind (class / regression / mask / index) from the float outputs on the golden samples,
-    with ``--output-kind name=kind`` overrides (names checked). ``outputs``: those float outputs, where the caller
-    has them already (``reference_outputs``); the model is not run again."""
+    """Each output's kind (class / regression / mask / index) from the float outputs on the golden samples, a YOLO
+    head of an ONNX graph as ``detection_cf`` (edgekit.detection_head), with ``--output-kind name=kind`` overrides
+    (names checked). ``outputs``: those float outputs, where the caller has them already (``reference_outputs``);
+    the model is not run again."""
     smoke = output_checks()
     names = [s.name for s in model.outputs]
     overrides = dict(overrides or {})
@@ -213,7 +214,14 @@ def infer_kinds(model: Model, reference: Runner, golden: Dataset, overrides: dic
         if kind not in smoke.KINDS:
             raise InputSpecError(f"--output-kind {name}={kind}: choose one of {', '.join(smoke.KINDS)}")
     ref = outputs if outputs is not None else reference_outputs(model, reference, golden)
-    return {n: overrides.get(n) or smoke.infer_kind(r, len(names)) for n, r in zip(names, ref, strict=True)}
+    heads = {}
+    prep = getattr(model, "onnx_prep", None)
+    if prep is not None and not prep.quantized_ops:
+        from edgekit.detection_head import detection_heads
+
+        heads = detection_heads(prep.proto, dict(zip(names, ref, strict=True)))
+    return {n: overrides.get(n) or heads.get(n) or smoke.infer_kind(r, len(names))
+            for n, r in zip(names, ref, strict=True)}
 
 
 def pick_eval_output(model: Model, kinds: dict[str, str], name: str | None) -> int:

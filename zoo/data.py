@@ -441,6 +441,11 @@ def _sentence_pool() -> tuple[str, ...]:
     (``logging.handlers``, ``json.tool``), so the pool made inside a test run differed from the one the zoo run
     made, and so did every input drawn after it."""
     import json
+def photo_rgb_01(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """Photographs in [0, 1], channels-first [N, 3, h, w] (Ultralytics YOLO's preprocessing: RGB / 255)."""
+    return np.ascontiguousarray((_crops(h, w, n) / 255.0).transpose(0, 3, 1, 2), dtype=np.float32)
+
+
 
     proc = subprocess.run([sys.executable, "-I", "-c", _POOL_CODE], input=json.dumps([TEXT_MODULES, SENTENCES]),
                           capture_output=True, text=True, check=True, timeout=120)
@@ -516,8 +521,8 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
         return globals()[name](a[0], a[1], cache)
     if name == "mtcnn_windows":
         return mtcnn_windows(a[0])
-    if name == "photo_rgb_nhwc_01":
-        return photo_rgb_nhwc_01(*a)
+    if name in ("photo_rgb_nhwc_01", "photo_rgb_01"):
+        return globals()[name](*a)
     if name == "oww_mel_windows":
         return oww_mel_windows(cache, files["oww-melspec"])
     if name == "minilm_tokens":

@@ -44,7 +44,7 @@ def convert(
     golden: Annotated[int, typer.Option("--golden", help="golden samples, drawn across the data (stratified by label)")] = 64,
     as_json: Annotated[bool, typer.Option("--json", help="print the manifest as JSON")] = False,
     option: Annotated[list[str] | None, typer.Option("--option", help="converter option key=value, e.g. layout=nhwc, allow_float_fallback=true (android)")] = None,
-    output_kind: Annotated[list[str] | None, typer.Option("--output-kind", help="how an output is judged: NAME=KIND, KIND one of class, regression, mask, index, detection, ctc (default: inferred)")] = None,
+    output_kind: Annotated[list[str] | None, typer.Option("--output-kind", help="how an output is judged: NAME=KIND, KIND one of class, regression, mask, index, detection, detection_cf, ctc (default: inferred)")] = None,
     eval_output: Annotated[str | None, typer.Option("--eval-output", help="the output --eval labels are scored on (default: the first class output)")] = None,
     max_data_mb: Annotated[float | None, typer.Option("--max-data-mb", help="largest --calib/--eval arrays to load, MB (default 1024; env EDGEKIT_MAX_DATA_MB)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild even when the build cache holds this build")] = False,

@@ -66,10 +66,19 @@ def peak_rss_mb():
         return None
 
 
-KINDS = ("class", "regression", "mask", "index", "detection", "ctc")
+KINDS = ("class", "regression", "mask", "index", "detection", "detection_cf", "ctc")
 # ``detection``: a YOLO-style head [N, anchors, 4 box + objectness (+ class scores)]; an anchor is a detection where
-# objectness x its best class score reaches DET_SCORE (the usual confidence threshold of YOLO deployments)
+# objectness x its best class score reaches DET_SCORE (the usual confidence threshold of YOLO deployments).
+# ``detection_cf``: the anchor-free head of YOLOv8 / YOLO11 (Ultralytics' export) [N, 4 box + C class scores,
+# anchors]: channels first and no objectness; judged as ``detection`` with the anchors last and objectness 1
 DET_SCORE = 0.25
+
+
+def anchors_last(a):
+    """A ``detection_cf`` output [N, 4 + C, anchors] as a ``detection`` one [N, anchors, 4 + 1 + C]: moved to
+    anchors last, with an objectness of 1 (an anchor's score is then its best class score)."""
+    a = np.swapaxes(np.asarray(a), 1, 2)
+    return np.concatenate([a[..., :4], np.ones(a.shape[:-1] + (1,), a.dtype), a[..., 4:]], axis=-1)
 
 
 # ``ctc``: a CTC recogniser's [N, T, classes] (probabilities or logits) judged as the text it decodes to: greedy
@@ -153,6 +162,12 @@ def check_output(name, kind, ref, got, tol, label=""):
     at = (" at %s" % label) if label else ""
     ref64 = np.asarray(ref, dtype=np.float64)
     got64 = np.asarray(got, dtype=np.float64).reshape(ref64.shape)
+    shown, head = kind, "[N, anchors, 4 box + objectness (+ classes)]"
+    if kind == "detection_cf":  # judged as ``detection`` once the anchors are last (with objectness 1)
+        head = "[N, 4 box + classes, anchors]"
+        ok = ref64.ndim == 3 and ref64.shape[1] >= 5
+        ref64, got64, kind = (anchors_last(ref64), anchors_last(got64), "detection") if ok else (
+            ref64.reshape(-1), got64.reshape(-1), "detection")  # not 3-D: refused by the shape check below
     n = len(ref64)
     bad = int(np.count_nonzero(~np.isfinite(got64))) + int(np.count_nonzero(~np.isfinite(ref64)))
     diff = np.abs(got64 - ref64)
@@ -162,7 +177,7 @@ def check_output(name, kind, ref, got, tol, label=""):
     floor = float(tol.get("abs_floor") or 0.0)
     allowed = max(tol["max_rel_error"] * scale, floor)
     per_sample = diff.reshape(n, -1).max(axis=1) if n and ref64.size else np.zeros(0)
-    out = {"output": name, "kind": kind, "max_abs_error": err, "max_abs_reference": scale, "max_rel_error": rel,
+    out = {"output": name, "kind": shown, "max_abs_error": err, "max_abs_reference": scale, "max_rel_error": rel,
            "tolerance_rel": tol["max_rel_error"], "abs_floor": floor, "top1_agreement": None,
            "worst_sample": int(np.argmax(per_sample)) if per_sample.size and not bad else None, "samples": n}
     failures = []
@@ -176,8 +191,8 @@ def check_output(name, kind, ref, got, tol, label=""):
     empty_mask = kind == "mask" and not bad and not np.any((ref64 >= 0.5) | (got64 >= 0.5))
     if kind == "detection" and not bad:
         if ref64.ndim != 3 or ref64.shape[-1] < 5:
-            failures.append("output %r: shape %s is not a detection head [N, anchors, 4 box + objectness (+ classes)]"
-                            " (give it another --output-kind)" % (name, list(ref64.shape)))
+            failures.append("output %r: shape %s is not a detection head %s (give it another --output-kind)" % (
+                name, list(np.shape(ref)), head))
             bad = -1  # no metric below for it (they all run on ``not bad``); its failure is the line above
         else:
             empty_mask = not np.any(_detected(ref64) | _detected(got64))  # nothing detected: judged by its values
