@@ -111,10 +111,12 @@ def test_refusal_says_whose_limitation_it_is():
     from edgekit.profiles import load_target
     from edgekit.stages import op_refusal
 
-    stats = SimpleNamespace(unsupported=[{"op": "Gather", "node": "node_gather"}, {"op": "Log", "node": "node_log"}])
+    stats = SimpleNamespace(unsupported=[{"op": "ConvTranspose", "node": "node_conv_transpose2d"},
+                                         {"op": "Log", "node": "node_log"}])
     msg = op_refusal(stats, load_target("android"), {}, precision="int8")
     assert "\n" not in msg
-    assert msg.startswith("target android cannot run 1 op(s) at int8: Log (node node_log); Gather (node node_gather): ")
+    assert msg.startswith("target android cannot run 1 op(s) at int8: Log (node node_log); ConvTranspose (node "
+                          "node_conv_transpose2d): ")
     assert "a limitation of edgekit's converter, not of the target" in msg
     assert op_refusal(stats, load_target("android"), {}, precision="fp32") is None  # the int8 list only
 
@@ -543,3 +545,35 @@ def test_small_weights_keep_their_resolution(tmp_path):
     floored.set_global(dataclasses.replace(cfg, weight=dataclasses.replace(
         cfg.weight, observer_or_fake_quant_ctr=PerChannelMinMaxObserver.with_args(eps=2 ** -12))))
     assert snr(_quantizer(False, "minmax")) > 30 > 10 > snr(floored)
+
+
+class ReversedRows(nn.Module):
+    """A conv, the feature map's rows read bottom to top by ``index_select`` with a constant index (what the ONNX
+    bridge makes of a Slice with step -1, Silero VAD's reflection padding of its spectrogram), a conv, a Linear."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv1, self.conv2, self.head = nn.Conv2d(1, 8, 3, padding=1), nn.Conv2d(8, 8, 3), nn.Linear(8, 10)
+        self.register_buffer("rows", torch.arange(7, -1, -1))
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        x = torch.relu(self.conv1(image))
+        x = torch.index_select(x, 2, self.rows)
+        return self.head(torch.relu(self.conv2(x)).mean(dim=(2, 3)))
+
+
+def test_index_select_with_a_constant_index_is_an_int8_gather(ops_digits, tmp_path):
+    """Gather (index_select) is no longer refused at int8: its values are copied at its input's scale, and the
+    GATHER_ND litert-torch lowers it to runs on int8 tensors (audited), with no QUANTIZE / DEQUANTIZE around it."""
+    from edgekit.converters.tflite.audit import audit
+
+    model = ReversedRows().eval()
+    torch.export.save(torch.export.export(model, (torch.zeros(1, 1, 8, 8),)), tmp_path / "rev.pt2")
+    res = convert(str(tmp_path / "rev.pt2"), "android", tmp_path / "int8", precision="int8",
+                  calib=str(ops_digits / "calib.npz"), cache=False, fail_on_verification=False)
+    art = res.manifest["artifact"]
+    assert art["full_integer"] is True and art["float_ops"] == [] and art["op_counts"].get("GATHER_ND") == 1
+    assert "QUANTIZE" not in art["op_counts"] and "DEQUANTIZE" not in art["op_counts"]
+    gather = next(o for o in audit(res.out_dir / "model.tflite")["ops"] if o["op"] == "GATHER_ND")
+    assert "INT8" in gather["types"] and "FLOAT32" not in gather["types"], gather

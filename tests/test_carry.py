@@ -150,3 +150,49 @@ def test_a_carried_build_is_cached_with_its_figures_and_the_sequence_rule_is_a_k
     assert not first.cache["hit"] and again.cache["hit"] and not other.cache["hit"]
     assert again.verification.carried == first.verification.carried
     assert other.manifest["golden"]["selection"]["sequence"] == [288, 304]
+
+
+def test_the_runner_carries_its_own_state_over_the_golden_chunks():
+    """firmware/common/edgekit_smoke.run_carried: the first golden chunk takes the golden (zero) state, every later
+    chunk the state the artifact handed back for the chunk before it, never the golden (float) state."""
+    from edgekit.verify import output_checks
+
+    smoke = output_checks()
+    n = 4
+    g = {"input_0": np.arange(n, dtype=np.float32).reshape(n, 1), "input_1": np.full((n, 2, 3), 7.0, np.float32)}
+    g["input_1"][0] = 0.0
+    man = {"carry": {"pairs": [{"output": "s_out", "input": "s"}]},
+           "golden": {"samples": n, "inputs": [{"name": "x", "key": "input_0", "shape": [1, 1]},
+                                                {"name": "s", "key": "input_1", "shape": [2, 1, 3], "batch_axis": 1}],
+                      "outputs": [{"name": "y", "key": "output_0"}, {"name": "s_out", "key": "output_1"}]}}
+    seen = []
+
+    def run(feed):  # the state counts the chunks: s_out = s + 1
+        seen.append(feed["s"].copy())
+        return [feed["x"] * 2, feed["s"] + 1]
+
+    outs = smoke.run_carried(run, g, man)
+    assert len(outs) == n and [float(s.max()) for s in seen] == [0.0, 1.0, 2.0, 3.0]
+    assert all(s.shape == (2, 1, 3) for s in seen)
+    assert smoke.carried_pairs({"golden": {}}) == []
+
+
+def test_the_bundle_runner_runs_the_golden_sequence_carried(gru, tmp_path):
+    """The jetson bundle's run.py on this host (onnxruntime): the golden chunks run in order, the artifact's own
+    state fed from chunk to chunk, and pass; the check says the state was carried."""
+    import json
+    import subprocess
+    import sys
+
+    from edgekit.pipeline import convert
+
+    res = convert(gru["onnx"], target="jetson", precision="fp32", calib=str(gru["seq"]), batch_axes=["state=1"],
+                  carries=["state_out=state"], sequence_length=SEQUENCE, golden_count=16, out=tmp_path / "b",
+                  cache=False)
+    r = subprocess.run([sys.executable, str(res.out_dir / "run.py"), "--runtime", "onnxruntime", "--iters", "3",
+                        "--warmup", "1", "--output", str(tmp_path / "smoke.json")], check=False, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    golden = next(c for c in json.loads((tmp_path / "smoke.json").read_text())["checks"] if c["name"] == "golden")
+    assert golden["passed"] and "16 samples; state carried chunk to chunk (state_out -> state)" in golden["detail"]
+    assert golden["carried"] == [{"output": "state_out", "input": "state"}]

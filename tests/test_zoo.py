@@ -65,9 +65,14 @@ def test_float_builds_pass_and_report_agreement(results):
             assert c["status"] == "pass", c.get("reason")
             assert next(iter(c["eval_agreement"].values()))["top1_agreement"] >= 0.99
             continue
-        # silero-vad ios fp16: its power spectrum is beyond fp16's range (it came out Inf/NaN), and its STFT
-        # front end moves the LSTM state on windows 16 check samples do not hold: the fp16 search (64 samples
-        # for a program this small, from the input side) keeps 37 front-end ops fp32 and the build passes
+        if (model, t) == ("silero-vad", "ios"):
+            # its LSTM state carried over whole utterances: its power spectrum is beyond fp16's range (those ops
+            # stay fp32), and fp16 weights alone move the state output hn by up to a quarter of its range on some
+            # chunks; no 64 ops kept fp32 bring it within the 1% fp16 tolerance, and the cell fails naming the
+            # state, while its speech probability agrees with float
+            assert c["status"] == "pass" or "output 'hn'" in c["reason"], c.get("reason")
+            assert c["eval_agreement"]["output"]["iou"] >= 0.9, c["eval_agreement"]
+            continue
         assert c["status"] == "pass", (model, t, p, c.get("reason"))
         assert c["eval_samples"] and c["eval_agreement"], (model, t, p)
     cls = cells[("ppocr-cls", "android", "fp32")]["eval_agreement"]
@@ -91,13 +96,14 @@ def test_int8_cells_pass_with_agreement_or_fail_for_a_stated_reason(results):
         assert c["status"] == "pass" or (c["status"] == "failed" and ("max error" in c["reason"]
                                                                       or "speed:" in c["reason"])), c.get("reason")
         assert agree >= 0.90, (t, agree)
-    # silero-vad: its STFT front end and LSTM state do not hold at INT8, and mixed precision keeps most (or all) of its
-    # 18 convolutions at higher precision. The count alone does not fail it: where that build passes every check it
-    # passes as a mixed build (its notes say how many layers stay float); where it still fails, or keeps every layer
-    # (nothing left at INT8), the cell says INT8 cannot hold the model, with the way out
+    # silero-vad, its LSTM state carried: where mixed precision keeps layers at higher precision and the build
+    # passes every check, it passes as a mixed build (its notes say how many layers stay float); where it still
+    # fails, or keeps every layer, the cell says INT8 cannot hold the model, with the way out, or names the
+    # output that fails
     for t in ("jetson", "ios"):
         c = cells[("silero-vad", t, "int8")]
-        assert c["status"] == "pass" or (c["status"] == "failed" and "INT8 cannot hold this model" in c["reason"]), c
+        assert c["status"] == "pass" or (c["status"] == "failed" and (
+            "INT8 cannot hold this model" in c["reason"] or "output '" in c["reason"])), c
 
 
 def test_a_keras2onnx_model_from_a_source_archive_reaches_every_torch_target(results):
@@ -151,3 +157,36 @@ def test_16x8_on_a_published_lstm_model_keeps_float_what_litert_int16_kernels_re
     refused = q["float_for_litert_int16_kernels"]
     assert refused[0].startswith("ADD (") and refused[-1].startswith("ADD (every one")
     assert any("LiteRT's int16 kernels refuse" in n for n in res.notes)
+
+
+def test_silero_vad_runs_with_its_lstm_state_carried(results, tmp_path):
+    """Silero VAD as published (openWakeWord's wheel): its LSTM state h/c stays an input and an output
+    (``--carry hn=h --carry cn=c``, batch on axis 1), calibrated and verified over whole espeak-ng utterances cut
+    into 512-sample chunks. On jetson and android fp32 the float and the converted model, each carrying its own
+    state over the last utterance (144 chunks), agree chunk by chunk; the bundle's runner runs that sequence
+    carried too."""
+    import json
+    import subprocess
+    import sys
+
+    cells, out = results
+    for t in ("jetson", "android"):
+        c = cells[("silero-vad", t, "fp32")]
+        assert c["status"] == "pass", (t, c.get("reason"))
+        assert c["carry"] == ["hn=h", "cn=c"]
+        car = c["carried"]
+        assert car["passed"] and car["chunks"] == 144 and car["sequence_length"] == 144
+        assert car["pairs"] == [{"output": "hn", "input": "h"}, {"output": "cn", "input": "c"}]
+        for name in ("output", "hn", "cn"):
+            o = car["outputs"][name]
+            assert len(o["per_chunk_rel_error"]) == 144 and o["max_rel_error"] < 1e-4, (t, name)
+            assert o["state"] == (name != "output")
+        assert c["eval_samples"] == 36 * 144  # every utterance, each model carrying its own state
+    assert "| silero-vad (state carried) | jetson | fp32 | pass |" in (out / "zoo.md").read_text()
+    build = out / "builds" / "silero-vad-jetson-fp32"
+    r = subprocess.run([sys.executable, str(build / "run.py"), "--runtime", "onnxruntime", "--iters", "3",
+                        "--warmup", "1", "--output", str(tmp_path / "smoke.json")], check=False, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    golden = next(c for c in json.loads((tmp_path / "smoke.json").read_text())["checks"] if c["name"] == "golden")
+    assert golden["passed"] and "144 samples; state carried chunk to chunk (hn -> h, cn -> c)" in golden["detail"]

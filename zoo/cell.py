@@ -20,7 +20,9 @@ def main(argv: list[str]) -> int:
         res = convert(spec["model"], target=spec["target"], precision=spec["precision"], out=spec["out"],
                       calib=spec["data"], eval_data=spec["data"], input_shape=spec["input_shape"] or None,
                       consts=spec["const"] or None, output_kinds=spec["output_kinds"] or None,
-                      fail_on_verification=False)
+                      batch_axes=spec.get("batch_axis") or None, carries=spec.get("carry") or None,
+                      sequence_length=spec.get("sequence_length"), fail_on_verification=False,
+                      **({"golden_count": spec["golden"]} if spec.get("golden") else {}))
         v = res.verification
         man = res.manifest
         prim = man["artifact"]["primary"]
@@ -32,7 +34,7 @@ def main(argv: list[str]) -> int:
             eval_samples=v.eval_samples, eval_agreement=v.eval_agreement,
             artifact_bytes=sum(f["bytes"] for k, f in man["files"].items() if k == prim or k.startswith(prim + "/")),
             runtime=v.runtime, timings_s=res.timings_s, warnings=len(res.warnings),
-            bridge=man["source_model"].get("bridge"),
+            bridge=man["source_model"].get("bridge"), carried=v.carried,
         )
     except EdgekitError as exc:
         refused = isinstance(exc, (UnsupportedOpError, UnsupportedInputError, ProfileError, HostCannotError))

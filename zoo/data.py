@@ -282,6 +282,41 @@ def speech(cache: Path) -> np.ndarray:
     return audio
 
 
+def utterances(cache: Path) -> list[np.ndarray]:
+    """The utterances of :func:`speech` one by one (the same espeak-ng voices, speeds and sentences, each without
+    the silence :func:`speech` puts after it), 16 kHz float in [-1, 1], cached as ``speech-utterances-16k.npz``."""
+    f = cache / "speech-utterances-16k.npz"
+    if not f.is_file():
+        audio, parts, at = speech(cache), [], 0
+        exe = shutil.which("espeak-ng") or shutil.which("espeak")
+        with tempfile.TemporaryDirectory() as tmp:  # each one's length: speech() holds them back to back
+            for i, s in enumerate(SENTENCES * 2):
+                wav = Path(tmp) / f"{i}.wav"
+                subprocess.run([exe, "-v", VOICES[i % len(VOICES)], "-s", str(130 + 10 * (i % 5)), "-w", str(wav),
+                                s], check=True, capture_output=True)
+                with wave.open(str(wav)) as wf:
+                    n = -(-wf.getnframes() * SR // wf.getframerate())  # resample_poly's output length
+                parts.append(audio[at:at + n])
+                at += n + SR // 4
+        if at != len(audio):
+            raise ValueError(f"espeak-ng's utterances ({at} samples) do not add up to the cached speech ({len(audio)})")
+        np.savez(f, *parts)
+    with np.load(f) as z:
+        return [z[f"arr_{i}"] for i in range(len(z.files))]
+
+
+def speech_sequences(size: int, chunks: int, cache: Path) -> np.ndarray:
+    """Whole utterances in order, each cut into chunks of ``size`` samples and followed by silence up to ``chunks``
+    chunks: [utterances * chunks, size], a streaming model's input one utterance per sequence (``--carry`` with
+    ``--sequence-length chunks``)."""
+    out = []
+    for u in utterances(cache):
+        if len(u) > size * chunks:
+            raise ValueError(f"an utterance of {len(u)} samples does not fit {chunks} chunks of {size}")
+        out.append(np.pad(u, (0, size * chunks - len(u))).reshape(chunks, size))
+    return np.concatenate(out).astype(np.float32)
+
+
 def _windows(x: np.ndarray, size: int, n: int) -> np.ndarray:
     starts = np.linspace(0, len(x) - size, n).astype(int)
     return np.stack([x[s:s + size] for s in starts])
@@ -406,6 +441,11 @@ def photo_rgb_nhwc_01(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
     return (_crops(h, w, n) / 255.0).astype(np.float32)
 
 
+def photo_rgb_01(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """Photographs in [0, 1], channels-first [N, 3, h, w] (Ultralytics YOLO's preprocessing: RGB / 255)."""
+    return np.ascontiguousarray((_crops(h, w, n) / 255.0).transpose(0, 3, 1, 2), dtype=np.float32)
+
+
 MINILM_SEQ = 32  # tokens per sentence fed to the MiniLM encoder ([CLS] ... [SEP], padded with [PAD] = 0)
 TEXT_MODULES = ("json", "os", "re", "collections", "itertools", "functools", "pathlib", "string", "textwrap",
                 "random", "math", "statistics", "datetime", "argparse", "logging", "csv", "zipfile", "shutil",
@@ -441,11 +481,6 @@ def _sentence_pool() -> tuple[str, ...]:
     (``logging.handlers``, ``json.tool``), so the pool made inside a test run differed from the one the zoo run
     made, and so did every input drawn after it."""
     import json
-def photo_rgb_01(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
-    """Photographs in [0, 1], channels-first [N, 3, h, w] (Ultralytics YOLO's preprocessing: RGB / 255)."""
-    return np.ascontiguousarray((_crops(h, w, n) / 255.0).transpose(0, 3, 1, 2), dtype=np.float32)
-
-
 
     proc = subprocess.run([sys.executable, "-I", "-c", _POOL_CODE], input=json.dumps([TEXT_MODULES, SENTENCES]),
                           capture_output=True, text=True, check=True, timeout=120)
@@ -517,7 +552,7 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
         return globals()[name](a[0], cache)
-    if name in ("kws_mfcc_nhwc", "logmel_frames_nhwc"):
+    if name in ("kws_mfcc_nhwc", "logmel_frames_nhwc", "speech_sequences"):
         return globals()[name](a[0], a[1], cache)
     if name == "mtcnn_windows":
         return mtcnn_windows(a[0])

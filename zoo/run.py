@@ -72,7 +72,8 @@ def _first_input(m: ZooModel) -> str:
 def run_cell(m: ZooModel, target: str, precision: str, data: Path, out: Path, timeout: int = CELL_TIMEOUT_S) -> dict:
     spec = {"model": source(m), "target": target, "precision": precision, "out": str(out / f"{m.name}-{target}-{precision}"),
             "data": str(data), "input_shape": m.input_shape, "const": m.const,
-            "output_kinds": dict(k.split("=", 1) for k in m.output_kind)}
+            "output_kinds": dict(k.split("=", 1) for k in m.output_kind), "carry": m.carry,
+            "batch_axis": m.batch_axis, "sequence_length": m.sequence_length, "golden": m.golden}
     t0 = time.perf_counter()
     env = dict(os.environ, PYTHONWARNINGS="ignore", TF_CPP_MIN_LOG_LEVEL="3")
     try:
@@ -118,7 +119,7 @@ def run(models: list[str] | None = None, targets: list[str] | None = None, out: 
                 if precisions and p not in precisions:
                     continue
                 res = run_cell(m, t, p, data, out / "builds")
-                res.update(model=m.name, target=t, precision=p, source_bytes=size)
+                res.update(model=m.name, target=t, precision=p, source_bytes=size, carry=m.carry or None)
                 if res.get("artifact_bytes"):
                     res["size_ratio"] = round(res["artifact_bytes"] / size, 3)
                 results["cells"].append(res)
@@ -156,7 +157,8 @@ def render(results: dict) -> str:
     for c in cells:
         err = max((o["max_rel_error"] for o in c.get("outputs") or []), default=None)
         reason = (c.get("reason") or "").replace("|", "/").replace("\n", " ")
-        lines.append(f"| {c['model']} | {c['target']} | {c['precision']} | {c['status']} | "
+        model = c["model"] + (" (state carried)" if c.get("carry") else "")  # else folded by --const, if a state
+        lines.append(f"| {model} | {c['target']} | {c['precision']} | {c['status']} | "
                      f"{_agree(c) if c['status'] in ('pass', 'failed') and c.get('eval_agreement') else '—'} | "
                      f"{'—' if err is None else f'{err:.2%}'} | {c.get('size_ratio', '—')} | {c['seconds']:.0f} s | "
                      f"{reason[:220]} |")

@@ -45,7 +45,8 @@ def _ops():
             a.squeeze.dim, a.squeeze.dims, a.squeeze.default, a.unsqueeze.default, a.slice.Tensor, a.select.int,
             a.contiguous.default, a.clone.default, a.hardtanh.default, a.relu6.default, a.clamp.default,
             a.amax.default, a.max.dim, a.split.Tensor, a.split_with_sizes.default, a.chunk.default,
-            a.expand.default, a.repeat.default, a.pixel_shuffle.default, a.dropout.default, a.flip.default}
+            a.expand.default, a.repeat.default, a.pixel_shuffle.default, a.dropout.default, a.flip.default,
+            a.index_select.default}  # GATHER_ND: a constant index (a reversed Slice, a state's layers), values copied
     # own calibrated output range
     free = {a.relu.default, a.leaky_relu.default, a.hardswish.default, a.elu.default, a.gelu.default,
             a.upsample_bilinear2d.vec, a.upsample_bilinear2d.default, a.sub.Tensor, a.rsub.Scalar,

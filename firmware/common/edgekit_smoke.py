@@ -397,6 +397,30 @@ def golden_feeds(golden, manifest):
             for i in range(0, manifest["golden"]["samples"], bs)]
 
 
+def carried_pairs(manifest):
+    """The manifest's carried states (``--carry OUT=IN``): [(output name, input name)], empty where none."""
+    return [(p["output"], p["input"]) for p in (manifest.get("carry") or {}).get("pairs") or []]
+
+
+def run_carried(run, golden, manifest):
+    """``run(feed) -> list of outputs`` over the golden chunks in order, the model carrying its OWN state: the
+    first chunk takes the golden state (the start of a sequence), every later one the state output ``run`` handed
+    back for the chunk before it, as the model runs in use. The golden outputs are the float model's over the
+    same sequence carrying its own state, so they are compared as they are. Per chunk, its outputs."""
+    pairs = carried_pairs(manifest)
+    at = {s["name"]: k for k, s in enumerate(manifest["golden"]["outputs"])}
+    key = {s["name"]: s.get("runtime_name") or s["name"] for s in manifest["golden"]["inputs"]}
+    outs, state = [], {}
+    for feed in golden_feeds(golden, manifest):
+        for i, x in state.items():
+            want = np.asarray(feed[key[i]])
+            feed[key[i]] = np.ascontiguousarray(np.asarray(x).reshape(want.shape).astype(want.dtype))
+        got = run(feed)
+        outs.append(got)
+        state = {i: got[at[o]] for o, i in pairs}
+    return outs
+
+
 class Smoke(object):
     """Collects checks and writes smoke_result.json; one per runner invocation."""
 
@@ -427,8 +451,12 @@ class Smoke(object):
         self.result["runtime"] = name
 
     def golden(self, run, golden):
-        """``run(feed) -> list of outputs`` over every golden batch, compared with the manifest's tolerance."""
-        outs = [run(feed) for feed in golden_feeds(golden, self.manifest)]
+        """``run(feed) -> list of outputs`` over every golden batch, compared with the manifest's tolerance. With
+        a carried state (manifest ``carry``) the golden chunks are one sequence, run in order with the model's
+        own state fed back from chunk to chunk (:func:`run_carried`)."""
+        pairs = carried_pairs(self.manifest)
+        outs = (run_carried(run, golden, self.manifest) if pairs
+                else [run(feed) for feed in golden_feeds(golden, self.manifest)])
         specs = self.manifest["golden"]["outputs"]
         merged, _ = merge_batches(outs, run_batch(self.manifest["golden"]["inputs"]),
                                   [s.get("batch_axis", 0) for s in specs])
@@ -437,13 +465,14 @@ class Smoke(object):
             for w in c["warnings"]:
                 log("WARN golden: %s" % w)
         worst = max(per, key=lambda c: c["max_rel_error"])
+        carried = ("; state carried chunk to chunk (%s)" % ", ".join("%s -> %s" % p for p in pairs)) if pairs else ""
         self.add("golden", all(c["passed"] for c in per),
-                 "%d samples; worst output %r max error %.3g (%.2f%% of range, tolerance %.2f%%)%s" % (
-                     self.manifest["golden"]["samples"], worst["output"], worst["max_abs_error"],
+                 "%d samples%s; worst output %r max error %.3g (%.2f%% of range, tolerance %.2f%%)%s" % (
+                     self.manifest["golden"]["samples"], carried, worst["output"], worst["max_abs_error"],
                      100 * worst["max_rel_error"], 100 * worst["tolerance_rel"],
                      "" if worst["top1_agreement"] is None
                      else ", top-1 agreement %.1f%%" % (100 * worst["top1_agreement"])),
-                 outputs=per)
+                 outputs=per, **({"carried": [{"output": o, "input": i} for o, i in pairs]} if pairs else {}))
 
     def latency(self, call, warmup, iters, judge=True, label="", note="", on_device=True):
         """Time ``call()`` after warm-up; judged against the latency budget on p90 unless ``judge`` is False.
