@@ -10,7 +10,7 @@ from edgekit.converters import ConvertJob
 from edgekit.converters.tensorrt.bias import bias_correction
 from edgekit.converters.tensorrt.calibration import CALIBRATIONS, calibrated_ranges
 from edgekit.converters.tensorrt.equalize import equalize_before, equalize_if_better, equalize_mode
-from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS, placement, preprocessed, write_qdq
+from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS, placement, preprocessed, run_model, write_qdq
 from edgekit.converters.tensorrt.simulate import method_ranges, simulation
 from edgekit.converters.tensorrt.student import impose_student_ranges
 from edgekit.deps import require
@@ -85,7 +85,7 @@ def choose_calibration(job: ConvertJob, pre: Path, feeds: list, excluded: list[s
     first = next(iter(CALIBRATIONS))
     with job.substep("simulated INT8 graph"):
         sim = simulation(job, pre, ranges[first], first, excluded, where)
-    ref = sim.float_outputs(search)
+    ref = run_model(pre, search)  # the float model itself: its session optimizes what the simulated one cannot
     for name in CALIBRATIONS:
         measured[name] = round(output_snr_db(ref, sim.run(search, ranges=method_ranges(ranges[name]))), 2)
     chosen = max(measured, key=lambda k: measured[k])

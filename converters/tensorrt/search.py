@@ -106,7 +106,7 @@ def layer_search(job: ConvertJob, artifact: Artifact) -> Search:
     with job.substep("simulated INT8 graph"):
         sim = simulation(job, pre, ranges_path, method, base_excluded, where)
     sim.use_scales(method_ranges(ranges_path))
-    ref = sim.float_outputs(search)
+    ref = run_model(pre, search)  # the float model itself: its session optimizes what the simulated one cannot
     t0 = time.perf_counter()
     # and by what its rounding costs the output alone, through the layers after it (the worse of the two)
     # the locally worst first, where the budget ends early: a third of --search-budget (the whole search counts it)
