@@ -78,7 +78,7 @@ def test_help_fits_and_flags_show_no_type(command):
     _fits(out)
     assert "<bool>" not in out
     if command == ["convert"]:
-        assert "detection, ctc" in out  # --output-kind's choices, whole
+        assert "detection_cf, ctc" in out  # --output-kind's choices, whole
 
 
 @pytest.mark.slow
