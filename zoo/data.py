@@ -305,12 +305,12 @@ def utterances(cache: Path) -> list[np.ndarray]:
         return [z[f"arr_{i}"] for i in range(len(z.files))]
 
 
-def speech_sequences(size: int, chunks: int, cache: Path) -> np.ndarray:
-    """Whole utterances in order, each cut into chunks of ``size`` samples and followed by silence up to ``chunks``
-    chunks: [utterances * chunks, size], a streaming model's input one utterance per sequence (``--carry`` with
-    ``--sequence-length chunks``)."""
+def speech_sequences(size: int, chunks: int, cache: Path, count: int | None = None) -> np.ndarray:
+    """Whole utterances in order (the first ``count``, else all 36), each cut into chunks of ``size`` samples and
+    followed by silence up to ``chunks`` chunks: [utterances * chunks, size], a streaming model's input one utterance
+    per sequence (``--carry`` with ``--sequence-length chunks``)."""
     out = []
-    for u in utterances(cache):
+    for u in utterances(cache)[:count]:
         if len(u) > size * chunks:
             raise ValueError(f"an utterance of {len(u)} samples does not fit {chunks} chunks of {size}")
         out.append(np.pad(u, (0, size * chunks - len(u))).reshape(chunks, size))
@@ -552,8 +552,10 @@ def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
         return globals()[name](a[0], cache)
-    if name in ("kws_mfcc_nhwc", "logmel_frames_nhwc", "speech_sequences"):
+    if name in ("kws_mfcc_nhwc", "logmel_frames_nhwc"):
         return globals()[name](a[0], a[1], cache)
+    if name == "speech_sequences":
+        return speech_sequences(a[0], a[1], cache, *a[2:3])
     if name == "mtcnn_windows":
         return mtcnn_windows(a[0])
     if name in ("photo_rgb_nhwc_01", "photo_rgb_01"):
