@@ -152,5 +152,6 @@ def test_bundle_ships_the_xctest_and_readme(bundle):
     swift = (bundle / "EdgekitModelTests.swift").read_text()
     assert 'resource("model", "mlmodelc")' in swift and 'resource("golden", "npz")' in swift
     assert "max_rel_error" in swift and "min_top1_agreement" in swift and "latency_ms" in swift
+    assert 'manifest["carry"]' in swift and "carried[pair[\"input\"]!] = m" in swift  # a carried state fed back
     readme = (bundle / "README.md").read_text()
     assert "Copy items if needed" in readme and "xcodebuild test" in readme

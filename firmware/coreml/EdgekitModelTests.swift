@@ -3,7 +3,8 @@
 // Add to an iOS app's unit-test target (README.md, "On an iPhone or iPad"):
 //   model.mlpackage  (Xcode compiles it to model.mlmodelc inside the test bundle)
 //   golden.npz, manifest.json, EdgekitModelTests.swift
-// It loads the model, feeds every golden input, checks every output against the float
+// It loads the model, feeds every golden input (a carried state's golden chunks in order, each
+// taking the state the model gave for the one before it), checks every output against the float
 // reference within the manifest's tolerance (top-1 agreement for classifiers, SNR for regression
 // outputs where the tolerance sets one; max error relative to the output range, which decides where
 // no such metric does or max_error_decides is set, and is printed as a warning where that metric
@@ -66,19 +67,36 @@ final class EdgekitModelTests: XCTestCase {
         // as the host's check_output: max error decides only where no task metric does (or the tolerance says so)
         let maxErrorDecides = (tol["max_error_decides"] as? Bool) ?? false
 
+        // a carried state (manifest "carry", --carry OUT=IN): the golden chunks are one sequence, run in order; the
+        // first takes the golden (zero) state, every later one the state output this model gave for the chunk
+        // before it, as in use (firmware/common/edgekit_smoke.run_carried does the same)
+        let pairs = ((manifest["carry"] as? [String: Any])?["pairs"] as? [[String: String]]) ?? []
+        var carried: [String: MLMultiArray] = [:]  // input name -> the state it takes on the next chunk
         var got: [[Double]] = Array(repeating: [], count: outputs.count)
         for i in 0..<samples {
             var feed: [String: MLFeatureValue] = [:]
             for spec in inputs {
                 let shape = spec["shape"] as! [Int]
-                let arr = try golden.array(spec["key"] as! String)
-                feed[(spec["runtime_name"] as? String ?? spec["name"] as! String)] = MLFeatureValue(multiArray: try sample(arr, i, shape: shape))
+                let name = spec["name"] as! String
+                let value = try carried[name] ?? sample(try golden.array(spec["key"] as! String), i, shape: shape)
+                feed[(spec["runtime_name"] as? String ?? name)] = MLFeatureValue(multiArray: value)
             }
             let out = try model.prediction(from: try MLDictionaryFeatureProvider(dictionary: feed))
             for (k, spec) in outputs.enumerated() {
                 let value = try XCTUnwrap(out.featureValue(for: (spec["runtime_name"] as? String ?? spec["name"] as! String))?.multiArrayValue,
                                           "model has no output \(spec["name"]!)")
                 got[k] += Self.floats(value)
+            }
+            for pair in pairs {
+                let o = try XCTUnwrap(outputs.first(where: { ($0["name"] as? String) == pair["output"] }), "no output \(pair["output"]!)")
+                let s = try XCTUnwrap(inputs.first(where: { ($0["name"] as? String) == pair["input"] }), "no input \(pair["input"]!)")
+                let value = try XCTUnwrap(out.featureValue(for: (o["runtime_name"] as? String ?? o["name"] as! String))?.multiArrayValue)
+                let shape = s["shape"] as! [Int]
+                let m = try MLMultiArray(shape: shape.map { NSNumber(value: $0) }, dataType: .float32)
+                let ptr = m.dataPointer.bindMemory(to: Float32.self, capacity: m.count)
+                let vals = Self.floats(value)  // float16 or float32 on the device: fed back as float32
+                for j in 0..<m.count { ptr[j] = Float32(vals[j]) }
+                carried[pair["input"]!] = m
             }
         }
         for (k, spec) in outputs.enumerated() {
