@@ -121,6 +121,10 @@ def test_android_observer_is_chosen_by_measurement_and_recorded(digits, tmp_path
     measured = q["calibration_measured_snr_db"]
     assert set(measured) == {"histogram", "minmax"} and q["calibration_method"] == max(measured, key=measured.get)
     assert res.verification.passed and res.manifest["artifact"]["full_integer"]
+    # the chosen observer's simulated output SNR (fake-quant torch program) beside the built .tflite's, same samples
+    svr = q["simulated_vs_real"]
+    assert svr["samples"] >= 8 and svr["simulated_snr_db"] == measured[q["calibration_method"]]
+    assert svr["real_snr_db"] > 10 and svr["gap_db"] == round(svr["simulated_snr_db"] - svr["real_snr_db"], 2)
 
 
 @pytest.mark.slow

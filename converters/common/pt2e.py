@@ -6,6 +6,7 @@ torch and torchao are imported inside the functions."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -17,6 +18,8 @@ from edgekit.errors import ConversionError, InputSpecError
 from edgekit.mixed.search import output_snr_db, search_feeds
 from edgekit.quiet import quiet_python
 
+CLEAR_FEEDS = 8  # the observer choice measures these search samples first ...
+CLEAR_DB = 2.0  # ... and stops there where one observer's output SNR leads by this much
 SEARCH_CALIB = 64  # calibration samples of each build the observer choice and the mixed-precision search make
 # activation observers ``--option calibration=`` chooses from (``auto``: each is measured on the model)
 OBSERVERS = ("histogram", "minmax")
@@ -69,23 +72,45 @@ def choose_observer(job: ConvertJob, module, sample, quantizer_for: Callable[[st
                     ) -> tuple[str, dict[str, float]]:
     """The activation observer and what chose it: ``--option calibration`` as given, else each of OBSERVERS'
     fake-quant programs (``quantizer_for(observer)``, the converter's quantizer) measured against float (output
-    SNR) on calibration samples, the best taken."""
+    SNR) on calibration samples, the best taken: on the first :data:`CLEAR_FEEDS` search samples where one
+    leads there by :data:`CLEAR_DB`, else on all of them. One pass of statistics serves them all: the histogram
+    observers' calibration, whose running min / max are the min-max observers' statistics (:func:`calibrated`
+    reuses them, and the chosen observer's full calibration continues from them)."""
     asked = job.options.get("calibration") or "auto"
     if asked != "auto":
         return asked, {}
     m = job.model
     search = search_feeds(job)
-    ref = torch_run(module, search, m)
-    measured: dict[str, float] = {}
+    # the first CLEAR_FEEDS samples first: where one observer leads by CLEAR_DB there, the rest would not turn it
+    head = search[:CLEAR_FEEDS]
+    ref = torch_run(module, head, m)
+    programs: dict[str, Any] = {}
+    got: dict[str, list[np.ndarray]] = {}
     for name in OBSERVERS:
         with job.substep(f"observer ({name})"):
-            conv, _, _ = calibrated(job, module, sample, name, quantizer_for, limit=SEARCH_CALIB)
-        measured[name] = round(output_snr_db(ref, torch_run(conv, search, m)), 2)
+            programs[name], _, _ = calibrated(job, module, sample, name, quantizer_for, limit=SEARCH_CALIB)
+            got[name] = torch_run(programs[name], head, m)
+    measured = {k: round(output_snr_db(ref, v), 2) for k, v in got.items()}
+    ranked = sorted(measured.values(), reverse=True)
+    if len(search) > len(head) and not ranked[0] - ranked[-1] >= CLEAR_DB:
+        rest = search[len(head):]
+        ref = _merge(ref, torch_run(module, rest, m))
+        measured = {k: round(output_snr_db(ref, _merge(got[k], torch_run(programs[k], rest, m))), 2)
+                    for k in programs}
+    else:
+        search = head
+    if isinstance(getattr(job, "cache", None), dict):  # the built model is measured on them too (simulated vs real)
+        job.cache["observer_ref"] = (search, ref)
     chosen = max(measured, key=lambda k: measured[k])
     job.log("activation observer by measurement (output SNR against float on "
             f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
             + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")
     return chosen, measured
+
+
+def _merge(a: list[np.ndarray], b: list[np.ndarray]) -> list[np.ndarray]:
+    """Two :func:`torch_run` results (per output, the feeds merged on the batch axis) as one."""
+    return [np.concatenate([np.atleast_1d(x), np.atleast_1d(y)]) for x, y in zip(a, b, strict=True)]
 
 
 def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Callable[[str], Any], *,
@@ -94,12 +119,19 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
     """prepare_pt2e -> calibrate on --calib (its first ``limit`` samples: the searches) -> convert_pt2e: the
     fake-quant program (runs in torch), with the quantizer ``quantizer_for(observer)``; ``dynamic``: no
     calibration data (one run of ``sample``). ``fold``: weights as int8 constants (what coremltools reads)
-    instead of quantize ops. ``stats``: the mixed search's store, {observer: a calibrated prepared program}: the
-    first call of an observer keeps its calibration there, and a later one (another kept set) takes its
-    observers' statistics from it instead of calibrating again, wherever each observer watches the same tensors
-    (observers see float values, so the statistics are the same); where one does not, it calibrates.
+    instead of quantize ops.
+
+    Statistics are calibrated once per job and program (``job.cache``, :func:`_stats_store`; ``stats``: a store
+    of the caller's own instead): observers see float values, so a later call (another observer, another kept
+    set, a mixed-precision rebuild) takes its observers' statistics from an earlier calibration wherever each
+    observer watches the same tensors, instead of calibrating again: the same observer's, else (min-max) the
+    histogram observers' running min / max. A full calibration (``limit`` None) continues from the statistics of
+    the first ``limit`` samples where those were taken (the observer choice, the search) and stops early where
+    another :data:`CONVERGE_CHUNK` samples move no observer's range by more than :data:`CONVERGED_SHARE`; where
+    no observer matches (a kept layer changed what one watches: a spec shared across it), it calibrates.
     Returns (the fake-quant program, the quantizer, the number of calibration batches)."""
     import copy
+    import itertools
 
     torch = require("torch")
     from torchao.quantization.pt2e import quantize_pt2e
@@ -107,32 +139,150 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
     m = job.model
     q = quantizer_for(observer)
     n_batches = 0
+    store = stats if stats is not None else (None if dynamic else _stats_store(job, module))
+    full = limit is None
     with quiet_python():
         prepared = quantize_pt2e.prepare_pt2e(copy.deepcopy(module), q)
-        known = stats.get(observer) if stats is not None else None
-        copied = known is not None and _copy_observers(known[0], prepared)
-        if copied:
-            n_batches = known[1]
+        copied, complete = 0, False  # batches whose statistics came from the store; no more to take
+        if store is not None and not dynamic:
+            own = (lambda obs, lim: store.get(obs)) if stats is not None else (lambda obs, lim: store.get((obs, lim)))
+            # a full calibration's statistics first (what the build itself used), else those of the first samples
+            for lim in (None, SEARCH_CALIB) if full else (None, limit):
+                sources = [(own(observer, lim), _copy_observers)]
+                if observer == "minmax":  # the histogram observers' running min / max
+                    sources.append((own("histogram", lim), _minmax_from_histogram))
+                hit = next((k for k, fill in sources if k is not None and fill(k[0], prepared)), None)
+                if hit is not None:
+                    copied = hit[1]
+                    complete = not full or lim is None or copied >= _n_batches(job)
+                    break
+        n_batches = copied
         with torch.no_grad():
             if dynamic:
                 prepared(*sample)
-            elif not copied:
+            elif not complete:
                 assert job.calib is not None  # the pipeline refuses int8 without --calib
-                for feed in job.calib.batches(m, limit):
+                last = _ranges(prepared) if full and copied else None
+                since = 0
+                for feed in itertools.islice(job.calib.batches(m, limit), copied, None):
                     prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
                     n_batches += 1
-        if stats is not None and known is None and not dynamic:
-            stats[observer] = (copy.deepcopy(prepared), n_batches)
+                    since += 1
+                    if full and since * m.batch >= CONVERGE_CHUNK and n_batches * m.batch >= MIN_CALIB:
+                        now = _ranges(prepared)
+                        if last is not None and _moved(last, now) <= CONVERGED_SHARE:
+                            job.log(f"calibration statistics converged after {n_batches} batches (the last "
+                                    f"{since} moved no observer's range by more than {CONVERGED_SHARE:.1%})")
+                            break
+                        last, since = now, 0
+        if store is not None and not dynamic and n_batches:
+            if stats is not None:
+                store.setdefault(observer, (copy.deepcopy(prepared), n_batches))
+            elif (observer, limit) not in store:
+                store[(observer, limit)] = (copy.deepcopy(prepared), n_batches)
         converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
     if not dynamic and n_batches == 0:
         raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.batch} samples in it")
     return converted, q, n_batches
 
 
+# a full calibration stops where CONVERGE_CHUNK more samples move no activation observer's range (max - min) by
+# more than CONVERGED_SHARE of it, after at least MIN_CALIB samples
+CONVERGE_CHUNK = 32
+CONVERGED_SHARE = 0.005
+MIN_CALIB = 96
+
+
+def _n_batches(job: ConvertJob) -> int:
+    return len(job.calib) // max(job.model.batch, 1) if job.calib is not None else 0
+
+
+def _stats_store(job: ConvertJob, module) -> dict | None:
+    """This job's calibrated statistics of ``module`` ({(observer, limit): (prepared program, batches)}), kept in
+    ``job.cache`` under the program's fingerprint (its nodes, and its parameters' and buffers' sums: a program
+    whose weights were changed, equalized, is another); None where ``module`` has no fx graph."""
+    import hashlib
+    import itertools
+
+    graph = getattr(module, "graph", None)
+    if graph is None:
+        return None
+    h = hashlib.sha256()
+    for n in graph.nodes:
+        h.update(f"{n.op}\0{n.name}\0{n.target}\0".encode())
+    try:
+        for name, t in itertools.chain(module.named_parameters(), module.named_buffers()):
+            h.update(f"{name}\0{list(t.shape)}\0{float(t.detach().double().sum()) if t.is_floating_point() else 0}"
+                     .encode())
+    except (AttributeError, RuntimeError, TypeError):  # a module without plain tensors: no reuse
+        return None
+    return job.cache.setdefault("pt2e_stats", {}).setdefault(h.hexdigest(), {})
+
+
+def _activation_observers(prepared) -> list[Any]:
+    return [getattr(prepared, n.target) for n in prepared.graph.nodes
+            if n.op == "call_module" and "activation_post_process" in str(n.target)]
+
+
+def _ranges(prepared) -> dict[int, tuple[float, float]]:
+    out = {}
+    for obs in _activation_observers(prepared):
+        lo, hi = getattr(obs, "min_val", None), getattr(obs, "max_val", None)
+        if lo is not None and hi is not None and lo.numel() == 1 and hi.numel() == 1:
+            out[id(obs)] = (float(lo), float(hi))
+    return out
+
+
+def _moved(before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]]) -> float:
+    """The largest move of an observer's min or max between two snapshots, as a share of its range."""
+    worst = 0.0
+    for k, (lo, hi) in after.items():
+        if k not in before or not np.isfinite(lo) or not np.isfinite(hi):
+            return float("inf")
+        blo, bhi = before[k]
+        if not np.isfinite(blo) or not np.isfinite(bhi):
+            return float("inf")
+        span = max(hi - lo, 1e-12)
+        worst = max(worst, abs(lo - blo) / span, abs(hi - bhi) / span)
+    return worst
+
+
+def _minmax_from_histogram(src, dst) -> bool:
+    """``dst``'s MinMaxObservers take the running min / max of ``src``'s HistogramObservers watching the same
+    nodes (a HistogramObserver's min_val / max_val are the exact observed range), its other observers (weights)
+    the statistics of ``src``'s of the same class; False, and nothing copied, where one has no match."""
+    have = {nodes: obs for (_, nodes), obs in _observer_sites(src).items()}
+    have_cls = _observer_sites(src)
+    want = _observer_sites(dst)
+    plan = []
+    for (cls, nodes), obs in want.items():
+        if cls == "MinMaxObserver" and type(have.get(nodes)).__name__ == "HistogramObserver":
+            plan.append((obs, have[nodes], True))
+        elif (cls, nodes) in have_cls:
+            plan.append((obs, have_cls[(cls, nodes)], False))
+        else:
+            return False
+    if not plan:
+        return False
+    for _, src_obs, minmax in plan:
+        if minmax and not (np.isfinite(float(src_obs.min_val)) and np.isfinite(float(src_obs.max_val))):
+            return False
+    for obs, src_obs, minmax in plan:
+        if minmax:
+            obs.min_val.resize_(src_obs.min_val.shape).copy_(src_obs.min_val)
+            obs.max_val.resize_(src_obs.max_val.shape).copy_(src_obs.max_val)
+        else:
+            obs.load_state_dict(src_obs.state_dict())
+    return True
+
+
 def torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray]:
-    """``module`` on every feed, merged as verification merges (edgekit.verify.run_all)."""
+    """``module`` on every feed, merged as verification merges (edgekit.verify.run_all); a fake-quant program runs
+    as :func:`fused_fake_quant` makes it (the same values, in a fraction of the time)."""
     torch = require("torch")
     from edgekit.verify import run_all
+
+    module = fused_fake_quant(module)
 
     def one(f: dict[str, np.ndarray]) -> list[np.ndarray]:
         with torch.no_grad():
@@ -140,6 +290,77 @@ def torch_run(module, feeds: list[dict[str, np.ndarray]], m) -> list[np.ndarray]
         return [t.detach().numpy() for t in (o if isinstance(o, (tuple, list)) else (o,))]
 
     return run_all(one, feeds)
+
+
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # program -> its fused_fake_quant copy
+
+
+def fused_fake_quant(module):
+    """A fake-quant program (convert_pt2e's, weights not folded) made fast to run in torch, computing the same
+    values: each activation's quantize -> dequantize pair (torchao's decomposed ops, several tensor ops each) one
+    ``aten.fake_quantize_per_tensor_affine``, and each constant weight's quantize -> dequantize computed once into
+    a float constant. A copy, made once per program; ``module`` itself where it has no such pair."""
+    fast = _FUSED.get(module)
+    if fast is not None:
+        return fast
+    graph = getattr(module, "graph", None)
+    if graph is None:
+        return module
+    import copy
+
+    torch = require("torch")
+    ops = getattr(torch.ops, "quantized_decomposed", None)
+    try:
+        q_t, dq_t = ops.quantize_per_tensor.default, ops.dequantize_per_tensor.default
+        q_c, dq_c = ops.quantize_per_channel.default, ops.dequantize_per_channel.default
+    except AttributeError:  # torchao's ops not registered: nothing here is a fake-quant program
+        return module
+    if not any(n.target in (dq_t, dq_c) for n in graph.nodes):
+        return module
+    fast = copy.deepcopy(module)
+    g = fast.graph
+    folded = 0
+
+    def attr(node):
+        obj = fast
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def const(a) -> bool:
+        return not isinstance(a, torch.fx.Node) or a.op == "get_attr"
+
+    for dq in list(g.nodes):
+        if dq.op != "call_function" or dq.target not in (dq_t, dq_c) or dq.kwargs.get("out_dtype") is not None:
+            continue
+        q = dq.args[0]
+        if not isinstance(q, torch.fx.Node) or q.target is not (q_t if dq.target is dq_t else q_c):
+            continue
+        if tuple(q.args[1:]) != tuple(dq.args[1:len(q.args)]):
+            continue
+        if all(const(a) for a in q.args) and all(const(a) for a in dq.args[1:]):  # a constant (weight): fold it
+            vals = [attr(a) if isinstance(a, torch.fx.Node) else a for a in q.args]
+            with torch.no_grad():
+                w = dq.target(q.target(*vals), *vals[1:])
+            name = f"_edgekit_folded_{folded}"
+            folded += 1
+            fast.register_buffer(name, w)
+            with g.inserting_before(dq):
+                new = g.get_attr(name)
+        elif dq.target is dq_t and isinstance(q.args[1], float) and isinstance(q.args[2], int) \
+                and q.args[5] in (torch.int8, torch.uint8):
+            with g.inserting_before(dq):
+                new = g.call_function(torch.ops.aten.fake_quantize_per_tensor_affine.default,
+                                      (q.args[0], q.args[1], q.args[2], q.args[3], q.args[4]))
+        else:
+            continue
+        new.meta = dict(dq.meta)
+        dq.replace_all_uses_with(new)
+        g.erase_node(dq)
+    g.eliminate_dead_code()
+    fast.recompile()
+    _FUSED[module] = fast
+    return fast
 
 
 def _observer_sites(prepared) -> dict[tuple[str, frozenset[str]], Any]:

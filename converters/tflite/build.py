@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from edgekit.converters import ConvertJob
+from edgekit.converters import ConvertJob, load_firmware
 from edgekit.converters.common.pt2e import (
     calibrated,
     choose_observer,
@@ -24,6 +24,7 @@ from edgekit.converters.tflite.quantizer import pt2e_quantizer
 
 from edgekit.deps import require
 from edgekit.errors import ConversionError
+from edgekit.mixed.search import output_snr_db
 from edgekit.quiet import quiet_python
 from edgekit.tf_graph import tf_convert
 
@@ -74,7 +75,28 @@ def convert_torch(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
     info, edge = pt2e_build(job, lt, module, sample, layout, dynamic=job.precision != "int8")
     with quiet_python():
         edge.export(str(dest))
+    if job.precision == "int8" and info.get("calibration_measured_snr_db"):
+        info["simulated_vs_real"] = simulated_vs_real(job, dest, layout, info)
     return info
+
+
+def simulated_vs_real(job: ConvertJob, dest: Path, layout: str, info: dict[str, Any]) -> dict[str, Any] | None:
+    """The chosen observer's output SNR in the fake-quant torch program (what the observer choice measured, the
+    program the layer search scores) against the built .tflite's, on the same search samples and float outputs:
+    how far the simulation is from the real build (LiteRT's kernels, its rounding)."""
+    known = job.cache.get("observer_ref")
+    if not known:
+        return None
+    from edgekit.verify import run_all
+
+    feeds, ref = known
+    model = load_firmware("tflite").LiteRTModel(str(dest), int(job.options.get("threads") or 2), layout == "nhwc",
+                                                "ai_edge_litert")
+    names = [s.name for s in job.model.inputs]
+    real = output_snr_db(ref, run_all(lambda f: model([f[n] for n in names]), feeds))
+    sim = info["calibration_measured_snr_db"][info["calibration_method"]]
+    return {"samples": sum(len(next(iter(f.values()))) for f in feeds), "simulated_snr_db": sim,
+            "real_snr_db": round(real, 2), "gap_db": round(sim - real, 2)}
 
 
 def lower(lt, module, sample, layout, quant_config, m):

@@ -15,6 +15,8 @@ from edgekit.deps import require
 from edgekit.errors import ConversionError
 from edgekit.tflite_graph import TFLiteGraph
 
+LATENCY_BUDGET_S = 2.0  # wall time the build's host latency may take per thread count (the speed stage times it again)
+
 
 def builtin_refusal(path: Path) -> str | None:
     """Why TFLite's builtin kernels (no XNNPACK) refuse to prepare the model, e.g. an int8 LOGISTIC whose output
@@ -71,15 +73,19 @@ def against_float(float_path: Path, path: Path, threads: int = 1) -> tuple[float
     return interleaved(on_zeros(float_path, threads).invoke, on_zeros(path, threads).invoke)
 
 
-def latency(path: Path, threads: tuple[int, ...], iters: int = 50) -> dict[str, float]:
-    """Median latency (ms) of ``iters`` runs on zeros, per thread count."""
+def latency(path: Path, threads: tuple[int, ...], iters: int = 50, budget_s: float = LATENCY_BUDGET_S
+            ) -> dict[str, float]:
+    """Median latency (ms) of up to ``iters`` runs on zeros per thread count, as many as fit ``budget_s`` per
+    thread count (at least 5, after 3 warm-up runs): a large model on a busy host is not timed 50 times."""
     out = {}
     for t in threads:
         interp = on_zeros(path, t)
-        for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(3):
             interp.invoke()
+        one = max((time.perf_counter() - t0) / 3, 1e-6)
         times = []
-        for _ in range(iters):
+        for _ in range(int(min(iters, max(5, budget_s / one)))):
             t0 = time.perf_counter()
             interp.invoke()
             times.append((time.perf_counter() - t0) * 1000)

@@ -54,15 +54,16 @@ def mixed_search(job: ConvertJob, artifact: Artifact) -> Search:
     method = artifact.meta["quantization"]["calibration_method"]
     base = tuple(job.options.get("keep_float_nodes") or ())
     search = search_feeds(job)
-    stats: dict[str, Any] = {}  # observer -> its calibration with no layer kept, reused by every kept set
+    # every kept set's observers take the statistics of the build's own calibration (this job's store,
+    # :func:`calibrated`): the search scores the fake-quant program of the build it would make, calibrated once
     conv, _, _ = calibrated(job, module, sample, method, lambda obs: pt2e_quantizer(False, obs, base, fused_hard(job)),
-                            limit=SEARCH_CALIB, stats=stats)
+                            limit=SEARCH_CALIB)
     layers = _local_sqnr(conv, search[:8], m)
     ref = torch_run(module, search, m)
 
     def build(kept: list[str], observer: str):
         return calibrated(job, module, sample, observer, lambda obs: pt2e_quantizer(False, obs, base + tuple(kept), fused_hard(job)),
-                          limit=SEARCH_CALIB, stats=stats)[0]
+                          limit=SEARCH_CALIB)[0]
 
     outputs, calibration_for = observer_outputs(build, job, method, ref, search)
     return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)",

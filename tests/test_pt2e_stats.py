@@ -1,0 +1,123 @@
+"""PT2E calibration statistics taken once per job (edgekit.converters.common.pt2e.calibrated): the min-max
+observers' statistics from the histogram observers' running min / max, a full calibration continued from the
+observer choice's first samples, a rebuild's from the build's; each gives the same fake-quant program as its own
+calibration would."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("litert_torch")
+
+
+class _Net(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        y = torch.relu(self.c2(y)) + y
+        return self.fc(y.mean(dim=(2, 3)))
+
+
+class _Calib:
+    source = "test"
+
+    def __init__(self, x: np.ndarray) -> None:
+        self.x = x
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def batches(self, model, limit=None):
+        n = len(self.x) if limit is None else min(limit, len(self.x))
+        for i in range(n):
+            yield {"x": self.x[i:i + 1]}
+
+
+def _job(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    # a spread that grows over the file: later samples widen the ranges, so no early stop hides a difference
+    x = (rng.standard_normal((n, 3, 12, 12)) * np.linspace(0.5, 3.0, n)[:, None, None, None]).astype(np.float32)
+    m = SimpleNamespace(inputs=[SimpleNamespace(name="x")], batch=1)
+    return SimpleNamespace(model=m, calib=_Calib(x), cache={}, log=lambda msg: None, options={})
+
+
+def _module():
+    torch.manual_seed(0)
+    net = _Net().eval()
+    return torch.export.export(net, (torch.zeros(1, 3, 12, 12),)).module()
+
+
+def _quantizer(obs: str):
+    from edgekit.converters.tflite.quantizer import pt2e_quantizer
+
+    return pt2e_quantizer(False, obs)
+
+
+def _out(conv, x: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return conv(torch.from_numpy(x)).numpy()
+
+
+def test_minmax_from_histogram_and_continued_calibration_match_their_own():
+    from edgekit.converters.common.pt2e import SEARCH_CALIB, calibrated
+
+    module, probe = _module(), np.random.default_rng(1).standard_normal((1, 3, 12, 12)).astype(np.float32)
+    sample = (torch.zeros(1, 3, 12, 12),)
+    n = SEARCH_CALIB + 20  # under MIN_CALIB + CONVERGE_CHUNK: no early stop
+    job = _job(n)
+    calibrated(job, module, sample, "histogram", _quantizer, limit=SEARCH_CALIB)  # the observer choice's pass
+    store = next(iter(job.cache["pt2e_stats"].values()))
+    assert ("histogram", SEARCH_CALIB) in store
+    mm, _, nb = calibrated(job, module, sample, "minmax", _quantizer, limit=SEARCH_CALIB)  # derived, not calibrated
+    assert nb == SEARCH_CALIB
+    fresh = _job(n)
+    mm_own, _, _ = calibrated(fresh, module, sample, "minmax", _quantizer, limit=SEARCH_CALIB)
+    np.testing.assert_array_equal(_out(mm, probe), _out(mm_own, probe))
+    # the full calibration continues from the first SEARCH_CALIB samples' statistics
+    full, _, nb = calibrated(job, module, sample, "histogram", _quantizer)
+    assert nb == n
+    full_own, _, _ = calibrated(_job(n), module, sample, "histogram", _quantizer)
+    np.testing.assert_allclose(_out(full, probe), _out(full_own, probe), rtol=0, atol=1e-6)
+    # a rebuild (another call of the same job and program) calibrates nothing: the build's statistics
+    assert ("histogram", None) in store
+    again, _, nb = calibrated(job, module, sample, "histogram", _quantizer)
+    assert nb == n
+    np.testing.assert_array_equal(_out(again, probe), _out(full, probe))
+
+
+def test_full_calibration_stops_when_ranges_converge():
+    from edgekit.converters.common.pt2e import CONVERGE_CHUNK, MIN_CALIB, calibrated
+
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((160, 3, 12, 12)).astype(np.float32)
+    x[: MIN_CALIB // 2] *= 4.0  # the widest inputs first: later ones move no range
+    job = _job(1)
+    job.calib = _Calib(x)
+    _, _, nb = calibrated(job, _module(), (torch.zeros(1, 3, 12, 12),), "minmax", _quantizer)
+    assert MIN_CALIB <= nb < 160 and (nb - MIN_CALIB) % CONVERGE_CHUNK == 0
+
+
+def test_fused_fake_quant_program_gives_the_same_values():
+    """torch_run's fast form of a fake-quant program (activation quantize -> dequantize as one fused op, the weights'
+    computed once) gives the values of convert_pt2e's program."""
+    from edgekit.converters.common.pt2e import calibrated, fused_fake_quant
+
+    job = _job(16)
+    module = _module()
+    conv, _, _ = calibrated(job, module, (torch.zeros(1, 3, 12, 12),), "histogram", _quantizer)
+    fast = fused_fake_quant(conv)
+    assert fast is not conv and fused_fake_quant(conv) is fast
+    names = {str(n.target) for n in fast.graph.nodes}
+    assert not any("quantized_decomposed" in t for t in names) and any("fake_quantize_per_tensor" in t for t in names)
+    for x in np.random.default_rng(3).standard_normal((4, 1, 3, 12, 12)).astype(np.float32) * 2:
+        np.testing.assert_allclose(_out(fast, x), _out(conv, x), rtol=0, atol=1e-6)
+    assert fused_fake_quant(module) is module  # a float program runs as it is
