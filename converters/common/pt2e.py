@@ -20,6 +20,9 @@ from edgekit.quiet import quiet_python
 
 CLEAR_FEEDS = 8  # the observer choice measures these search samples first ...
 CLEAR_DB = 2.0  # ... and stops there where one observer's output SNR leads by this much
+# calibration samples the observer choice measures with (the chosen observer's full calibration continues from
+# them: the build is calibrated on every sample either way)
+CHOICE_CALIB = 16
 SEARCH_CALIB = 64  # calibration samples of each build the observer choice and the mixed-precision search make
 # activation observers ``--option calibration=`` chooses from (``auto``: each is measured on the model)
 OBSERVERS = ("histogram", "minmax")
@@ -88,7 +91,7 @@ def choose_observer(job: ConvertJob, module, sample, quantizer_for: Callable[[st
     got: dict[str, list[np.ndarray]] = {}
     for name in OBSERVERS:
         with job.substep(f"observer ({name})"):
-            programs[name], _, _ = calibrated(job, module, sample, name, quantizer_for, limit=SEARCH_CALIB)
+            programs[name], _, _ = calibrated(job, module, sample, name, quantizer_for, limit=CHOICE_CALIB)
             got[name] = torch_run(programs[name], head, m)
     measured = {k: round(output_snr_db(ref, v), 2) for k, v in got.items()}
     ranked = sorted(measured.values(), reverse=True)
@@ -147,7 +150,9 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
         if store is not None and not dynamic:
             own = (lambda obs, lim: store.get(obs)) if stats is not None else (lambda obs, lim: store.get((obs, lim)))
             # a full calibration's statistics first (what the build itself used), else those of the first samples
-            for lim in (None, SEARCH_CALIB) if full else (None, limit):
+            # (a full calibration: any first samples' statistics, the most first)
+            taken = sorted({k[1] for k in store if isinstance(k, tuple) and k[1] is not None}, reverse=True)
+            for lim in [None, *taken] if full else (None, limit):
                 sources = [(own(observer, lim), _copy_observers)]
                 if observer == "minmax":  # the histogram observers' running min / max
                     sources.append((own("histogram", lim), _minmax_from_histogram))
