@@ -17,7 +17,11 @@ import pytest
 
 pytestmark = pytest.mark.zoo
 
-SUBSET = ["ppocr-cls", "oww-alexa", "silero-vad", "ddddocr-old", "mtcnn-pnet"]
+SUBSET = ["ppocr-cls", "oww-alexa", "ddddocr-old", "mtcnn-pnet"]
+# silero-vad with its state carried over whole utterances, on the targets whose host runtimes run a 144-chunk
+# sequence in seconds; Core ML's host check here is edgekit's MIL interpreter (about 0.5 s a chunk), so its ios
+# cells (docs/zoo.md) would take most of the CI budget
+STATEFUL = ("silero-vad", ["jetson", "android", "fpga"])
 NAMES_A_REASON = re.compile(r"op\(s\)|\bop\b|ONNX op|LSTM|Sigmoid|already quantized|macOS|LUT|DSP|BRAM|"
                             r"fabric|one input|layer", re.I)
 
@@ -30,7 +34,8 @@ def results(tmp_path_factory):
 
     os.environ.setdefault("EDGEKIT_ZOO_CACHE", str(tmp_path_factory.mktemp("zoo-cache")))
     out = tmp_path_factory.mktemp("zoo-results")
-    res = zrun.run(SUBSET, out=out, log=print)
+    zrun.run(SUBSET, out=out, log=print)
+    res = zrun.run([STATEFUL[0]], targets=STATEFUL[1], out=out, log=print)  # merged into the same results
     return {(c["model"], c["target"], c["precision"]): c for c in res["cells"]}, out
 
 
@@ -38,7 +43,8 @@ def test_every_cell_has_a_result_and_no_traceback(results):
     cells, out = results
     from edgekit.zoo.run import CELLS
 
-    assert len(cells) == len(SUBSET) * sum(len(p) for p in CELLS.values())
+    assert len(cells) == (len(SUBSET) * sum(len(p) for p in CELLS.values())
+                          + sum(len(CELLS[t]) for t in STATEFUL[1]))
     assert not [k for k, c in cells.items() if c.get("traceback")], "a cell ended in a traceback"
     table = (out / "zoo.md").read_text()
     assert "| ppocr-cls | android | fp32 | pass |" in table and "tracebacks 0" in table
@@ -55,7 +61,8 @@ def test_refusals_name_the_op_or_limit(results):
 def test_float_builds_pass_and_report_agreement(results):
     cells, _ = results
     for model, t, p in [(m, t, p) for m in ("ppocr-cls", "oww-alexa", "silero-vad")
-                        for t, p in (("jetson", "fp32"), ("android", "fp32"), ("ios", "fp16"))]:
+                        for t, p in (("jetson", "fp32"), ("android", "fp32"), ("ios", "fp16"))
+                        if (m, t) != ("silero-vad", "ios")]:
         c = cells[(model, t, p)]
         if (model, t) == ("ppocr-cls", "ios"):
             # on single text lines a few of the orientation classifier's decisions are near-ties (0.498 / 0.502),
@@ -64,14 +71,6 @@ def test_float_builds_pass_and_report_agreement(results):
             # 4x the samples and searches on the worst: its first convolutions stay fp32 and the build passes
             assert c["status"] == "pass", c.get("reason")
             assert next(iter(c["eval_agreement"].values()))["top1_agreement"] >= 0.99
-            continue
-        if (model, t) == ("silero-vad", "ios"):
-            # its LSTM state carried over whole utterances: its power spectrum is beyond fp16's range (those ops
-            # stay fp32), and fp16 weights alone move the state output hn by up to a quarter of its range on some
-            # chunks; no 64 ops kept fp32 bring it within the 1% fp16 tolerance, and the cell fails naming the
-            # state, while its speech probability agrees with float
-            assert c["status"] == "pass" or "output 'hn'" in c["reason"], c.get("reason")
-            assert c["eval_agreement"]["output"]["iou"] >= 0.9, c["eval_agreement"]
             continue
         assert c["status"] == "pass", (model, t, p, c.get("reason"))
         assert c["eval_samples"] and c["eval_agreement"], (model, t, p)
@@ -100,7 +99,7 @@ def test_int8_cells_pass_with_agreement_or_fail_for_a_stated_reason(results):
     # passes every check, it passes as a mixed build (its notes say how many layers stay float); where it still
     # fails, or keeps every layer, the cell says INT8 cannot hold the model, with the way out, or names the
     # output that fails
-    for t in ("jetson", "ios"):
+    for t in ("jetson",):
         c = cells[("silero-vad", t, "int8")]
         assert c["status"] == "pass" or (c["status"] == "failed" and (
             "INT8 cannot hold this model" in c["reason"] or "output '" in c["reason"])), c
