@@ -128,24 +128,12 @@ def test_jetson_search_measures_on_one_simulated_session_and_records_sim_against
     """A jetson INT8 build that fails verification searches its layers on one simulated graph: no Q/DQ model is
     written and no session made per kept set or per node; the kept set is built for real once and its output
     SNR, simulated and real, is in the manifest (they agree here: qdq=tensorrt is simulated exactly)."""
-    import torch
-
     import edgekit.converters.tensorrt.search as trt_search
     from edgekit.converters.tensorrt import simulate
 
-    # conv1 writes a feature twice (weights that round differently), conv2 takes the difference: a fragile output
-    g = torch.Generator().manual_seed(0)
-    conv1, conv2 = torch.nn.Conv2d(1, 3, 3, padding=1, bias=False), torch.nn.Conv2d(3, 1, 1, bias=False)
-    with torch.no_grad():
-        w = torch.rand(1, 1, 3, 3, generator=g) + 0.5
-        moved = torch.randn(1, 1, 3, 3, generator=g) * 0.01 * w.max()
-        moved.view(-1)[w.view(-1).argmax()] = 0.0
-        conv1.weight.copy_(torch.cat([w, w + moved, torch.rand(1, 1, 3, 3, generator=g) * 0.05]))
-        conv2.weight.copy_(torch.tensor([1.0, -1.0, 2 / 127]).reshape(1, 3, 1, 1))
-    model = torch.nn.Sequential(conv1, conv2).eval()
-    x = np.random.default_rng(0).uniform(0.2, 1.0, (64, 1, 12, 12)).astype(np.float32)
-    torch.export.save(torch.export.export(model, (torch.from_numpy(x[:1]),)), str(tmp_path / "m.pt2"))
-    np.savez(tmp_path / "calib.npz", x=x)
+    from cancelling import cancelling_pt2
+
+    cancelling_pt2(tmp_path / "m.pt2")  # conv1 writes a feature twice, conv2 takes the difference: a fragile output
 
     count = {"sims": 0, "search_writes": 0}
     real_init = simulate.Simulation.__init__
