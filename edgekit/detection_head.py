@@ -9,6 +9,9 @@ Recognised here, by graph structure and shape, and confirmed on the float output
 
 - ``detection_cf``: the anchor-free head of YOLOv8 / YOLO11 as Ultralytics exports it, ``Concat(axis=1)`` of the
   decoded boxes (4 channels) and ``Sigmoid`` class scores, [N, 4 + C, anchors] with more anchors than channels.
+- ``detection``: the anchor-based head of YOLOv5 / YOLOv7 / YOLOX exports, [N, anchors, 4 box + objectness + C]:
+  made by a ``Concat`` (through Reshape / Transpose) whose inputs come from ``Sigmoid`` within a few nodes, the
+  boxes in pixels (some value past 1) and the objectness and class scores in [0, 1].
 """
 
 from __future__ import annotations
@@ -30,7 +33,39 @@ def detection_heads(proto, outputs: dict[str, np.ndarray]) -> dict[str, str]:
             continue
         if _anchor_free(node, producer, channels, ref):
             found[name] = "detection_cf"
+        elif _anchor_based(node, producer, ref):
+            found[name] = "detection"
     return found
+
+
+PASSING = ("Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity")
+
+
+def _anchor_based(node, producer, ref) -> bool:
+    """[N, anchors, 5 + C] assembled by a Concat (behind Reshape / Transpose) whose every input reaches a
+    ``Sigmoid`` within :data:`DEPTH` nodes; columns 4.. in [0, 1], the boxes with some value past 1 (pixels)."""
+    if ref.shape[2] < 6 or ref.shape[1] <= ref.shape[2]:
+        return False
+    scores = ref[:, :, 4:]
+    if scores.min() < 0.0 or scores.max() > 1.0 or ref[:, :, :4].max() <= 1.0:
+        return False
+    while node is not None and node.op_type in PASSING:
+        node = producer.get(node.input[0])
+    if node is None or node.op_type != "Concat":
+        return False
+    return all(_sigmoid_within(producer.get(i), producer, DEPTH) for i in node.input)
+
+
+DEPTH = 8
+
+
+def _sigmoid_within(node, producer, depth: int) -> bool:
+    """A ``Sigmoid`` among ``node`` and its producers up to ``depth`` nodes back."""
+    if node is None or depth < 0:
+        return False
+    if node.op_type == "Sigmoid":
+        return True
+    return any(_sigmoid_within(producer.get(i), producer, depth - 1) for i in node.input)
 
 
 def _anchor_free(node, producer, channels, ref) -> bool:

@@ -390,5 +390,19 @@ def _static_converters(torch, OnnxMapping, OperationConverterResult) -> dict:
         # no sizes: n equal parts, the last one smaller where the axis does not divide (opset 18 num_outputs)
         return result(node, lambda x: torch.split(x, -(-x.shape[axis] // n), dim=axis), f"Split({n} parts, axis={axis})")
 
+    def pow_(node, graph):  # a constant scalar exponent as a Python number: x ** 2 as x * x (YOLOv5's anchor
+        # decoding, (2 * sigmoid) ** 2); onnx2torch's pow(x, tensor) lowers to a tfl.pow that litert-torch refuses
+        p = params(node, graph)
+        if p is None or p[0] is None or np.asarray(p[0]).size != 1:
+            return None
+        e = float(np.asarray(p[0]).reshape(-1)[0])
+        if e == 2.0:
+            return result(node, lambda x: x * x, "Pow(2) as x * x")
+        if e == 1.0:
+            return result(node, lambda x: x, "Pow(1)")
+        if e == 0.5:
+            return result(node, torch.sqrt, "Pow(0.5) as sqrt")
+        return result(node, lambda x: torch.pow(x, e), f"Pow({e:g})")
+
     return {"Slice": slice_, "Squeeze": squeeze, "Unsqueeze": unsqueeze, "Pad": pad, "Resize": resize,
-            "Expand": expand, "Tile": tile, "Clip": clip, "Gather": gather, "Split": split}
+            "Expand": expand, "Tile": tile, "Clip": clip, "Gather": gather, "Split": split, "Pow": pow_}

@@ -5,8 +5,11 @@ build fails verification unless the user accepts it (``allow_slower_int8``) or t
 stand for the board's kernels (``Speed.judged``: a board whose NPU runs 16-bit activations natively).
 
 Timings are medians of interleaved runs in one process (the float and INT8 interpreters take turns, so a busy
-host slows both alike). A difference under :data:`MARGIN` (relative) or :data:`MIN_DIFF_MS` (absolute) is
-within what such timings tell apart on a shared CPU, and is not called slower."""
+host slows both alike). A difference under :data:`MARGIN` (relative) is within what such timings tell apart on a
+shared CPU, and is not called slower. Past it, a build is slower when the pairs agree: in at least
+:data:`CONSISTENT` of the interleaved pairs the build ran longer than its float build (a model of a few
+microseconds is timed over hundreds of pairs, so a 2x there is told apart from a stall); a timing without the
+pairs' record falls back to an absolute floor, :data:`MIN_DIFF_MS`."""
 
 from __future__ import annotations
 
@@ -17,7 +20,8 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 MARGIN = 0.10  # INT8 more than 10 % slower than float is slower; closer is timing noise on a shared 2-core host
-MIN_DIFF_MS = 0.02  # under 20 µs apart is launch overhead, not a kernel's speed
+MIN_DIFF_MS = 0.02  # without the pairs' record: under 20 µs apart is not told from launch overhead
+CONSISTENT = 0.75  # share of interleaved pairs in which the build ran longer: past it, a slower median is real
 ROUND_BUDGET_S = 3.0  # wall time the interleaved timing may take per pair of models
 
 
@@ -34,6 +38,7 @@ class Speed:
     not_judged: str = ""
     float_precision: str = "fp32"  # the float build compared against (jetson: the fp16 engine)
     estimated: bool = False  # the cost model's figures for the board's kernels, not a timing (``runs`` is 0)
+    pairs_slower: float | None = None  # share of the interleaved pairs in which the build ran longer than float
 
     @property
     def speedup(self) -> float:
@@ -42,7 +47,11 @@ class Speed:
 
     @property
     def slower(self) -> bool:
-        return self.ms > self.float_ms * (1 + MARGIN) and self.ms - self.float_ms > MIN_DIFF_MS
+        if self.ms <= self.float_ms * (1 + MARGIN):
+            return False
+        if self.pairs_slower is None:
+            return self.ms - self.float_ms > MIN_DIFF_MS
+        return self.pairs_slower >= CONSISTENT
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "speedup": round(self.speedup, 3), "slower": self.slower}
@@ -61,9 +70,10 @@ class Speed:
 
 
 def interleaved(run_float: Callable[[], None], run_build: Callable[[], None], budget_s: float = ROUND_BUDGET_S,
-                max_runs: int = 60) -> tuple[float, float, int]:
+                max_runs: int = 1000) -> tuple[float, float, int, float]:
     """Median ms of ``run_float`` and ``run_build``, timed in turns (a warm-up of each first); as many runs as fit
-    ``budget_s`` (at least 5, at most ``max_runs``). Returns (float ms, build ms, runs of each)."""
+    ``budget_s`` (at least 5, at most ``max_runs``). Returns (float ms, build ms, runs of each, the share of pairs in
+    which the build ran longer)."""
     for f in (run_float, run_build, run_float, run_build):
         f()
     t0 = time.perf_counter()
@@ -78,7 +88,7 @@ def interleaved(run_float: Callable[[], None], run_build: Callable[[], None], bu
             t = time.perf_counter()
             f()
             out.append((time.perf_counter() - t) * 1000)
-    return statistics.median(a), statistics.median(b), runs
+    return statistics.median(a), statistics.median(b), runs, sum(y > x for x, y in zip(a, b)) / runs
 
 
 def verdict(speed: Speed, precision: str, allowed: bool) -> str | None:

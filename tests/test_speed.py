@@ -9,20 +9,24 @@ import pytest
 from typer.testing import CliRunner
 
 from edgekit.cli import app
-from edgekit.speed import MARGIN, MIN_DIFF_MS, Speed, interleaved, verdict
+from edgekit.speed import CONSISTENT, MARGIN, MIN_DIFF_MS, Speed, interleaved, verdict
 
 
-def _speed(float_ms: float, ms: float, judged: bool = True) -> Speed:
+def _speed(float_ms: float, ms: float, judged: bool = True, pairs_slower: float | None = None) -> Speed:
     return Speed(runtime="LiteRT (XNNPACK, 1 thread)", float_ms=float_ms, ms=ms, runs=20, kernels="12 ops int8",
-                 judged=judged, not_judged="" if judged else "the board's NPU runs it")
+                 judged=judged, not_judged="" if judged else "the board's NPU runs it", pairs_slower=pairs_slower)
 
 
 def test_slower_means_beyond_what_the_timing_tells_apart():
     assert _speed(1.0, 1.0 + 2 * MARGIN).slower  # 20 % slower
     assert not _speed(1.0, 1.0 + MARGIN / 2).slower  # within the relative margin: noise
-    assert not _speed(0.004, 0.009).slower  # 2x, but 5 µs apart: launch overhead, not a kernel
+    assert not _speed(0.004, 0.009).slower  # 2x, 5 µs apart, and no record of the pairs: not told apart
     assert _speed(0.01, 0.01 + 2 * MIN_DIFF_MS).slower
     assert not _speed(3.6, 1.2).slower and _speed(3.6, 1.2).speedup == pytest.approx(3.0)
+    # with the pairs' record a tiny model's 2x is slower when the pairs agree (MTCNN P-Net: 5.6 against 11.5 µs)
+    assert _speed(0.0056, 0.0115, pairs_slower=0.97).slower
+    assert not _speed(0.0056, 0.0115, pairs_slower=CONSISTENT - 0.1).slower  # medians apart, pairs split: noise
+    assert not _speed(1.0, 1.0 + MARGIN / 2, pairs_slower=1.0).slower  # consistent but within the margin
 
 
 def test_a_slower_int8_build_fails_unless_accepted_or_not_judged_here():
@@ -38,9 +42,11 @@ def test_a_slower_int8_build_fails_unless_accepted_or_not_judged_here():
 
 
 def test_interleaved_timing_tells_a_slow_call_from_a_fast_one():
-    fast_ms, slow_ms, runs = interleaved(lambda: time.sleep(0.001), lambda: time.sleep(0.004), budget_s=0.5)
+    fast_ms, slow_ms, runs, share = interleaved(lambda: time.sleep(0.001), lambda: time.sleep(0.004), budget_s=0.5)
     assert runs >= 5 and slow_ms > fast_ms * (1 + MARGIN) and fast_ms > 0.9  # sleep(1 ms): at least 1 ms
-    assert _speed(fast_ms, slow_ms).slower
+    assert share >= CONSISTENT and _speed(fast_ms, slow_ms, pairs_slower=share).slower
+    same = interleaved(lambda: sum(range(2000)), lambda: sum(range(2000)), budget_s=0.3)
+    assert not _speed(same[0], same[1], pairs_slower=same[3]).slower
 
 
 @pytest.mark.slow

@@ -19,6 +19,7 @@ from edgekit.converters.common.pt2e import (
     torch_module,
     torch_sample,
 )
+from edgekit.converters.tflite.detection import float_detection_outputs
 from edgekit.converters.tflite.options import EXTRA, fused_hard, lstm_float
 from edgekit.converters.tflite.quantizer import pt2e_quantizer
 
@@ -75,6 +76,12 @@ def convert_torch(job: ConvertJob, dest: Path, layout: str) -> dict[str, Any]:
     info, edge = pt2e_build(job, lt, module, sample, layout, dynamic=job.precision != "int8")
     with quiet_python():
         edge.export(str(dest))
+    if info.get("detection_head_float"):
+        heads = [i for i, s in enumerate(m.outputs) if job.output_kinds.get(s.name, "").startswith("detection")]
+        made = float_detection_outputs(dest, heads)
+        info["detection_head_float"] = made
+        if made:
+            info["io"] = "int8 input; the detection output float32 (its head's concatenation in float)"
     if job.precision == "int8" and info.get("calibration_measured_snr_db"):
         info["simulated_vs_real"] = simulated_vs_real(job, dest, layout, info)
     return info
@@ -147,7 +154,8 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
     m = job.model
     found: dict[str, int] = {}
     module = exported_module(job, module, sample, unroll_lstm=not dynamic and not lstm_float(job), found=found)
-    keep = tuple(job.options.get("keep_float_nodes") or ())
+    head = () if dynamic else detection_head_nodes(job, module)
+    keep = tuple(job.options.get("keep_float_nodes") or ()) + head
     chosen, measured = ("histogram", {}) if dynamic else choose_observer(
         job, module, sample, lambda obs: pt2e_quantizer(False, obs, keep, fused_hard(job)))
     with job.substep("calibration"):
@@ -171,7 +179,11 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
                      "calibration_batches": n_batches, "calibration_source": job.calib.source,
                      "add_mul_quantized": q.binary_nodes, "add_mul_annotated_by_edgekit": q.fixed_adds,
                      "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten,
-                     "nodes_kept_float": list(keep)})
+                     "nodes_kept_float": [k for k in keep if k not in head]})
+        if head:
+            info["detection_head_float"] = list(head)
+            job.log("the detection head's final concat stays float: its boxes and class scores keep int8 scales "
+                    "of their own (one int8 scale for both puts scores in [0, 1] on the boxes' pixel steps)")
         if lstm_float(job):
             info["lstm"] = "float (any LSTM runs in float between DEQUANTIZE and QUANTIZE)"
         elif found.get("lstms"):
@@ -181,3 +193,39 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
                 f"annotated {q.int8_ops} other int8 op(s), rewrote {q.rewritten} into int8 ops (BatchNorm after "
                 "ReLU, PReLU, x**2, division by a sqrt or a constant)")
     return info, edge
+
+
+def detection_head_nodes(job: ConvertJob, module) -> tuple[str, ...]:
+    """The fx ``cat`` nodes that assemble a detection output (``detection`` / ``detection_cf`` kinds, judged by
+    their detections), found from the output back through reshapes and permutes: left float, so that the boxes
+    (pixels) and the scores ([0, 1]) each keep an int8 scale of their own up to the concat. Full-integer int8
+    gives a concat one scale: a YOLOv8 head's boxes of 0..32 px put its scores on steps of 0.12, and the
+    detections moved (IoU 0.66 against float); a YOLOv5 head concatenates xy, wh and the scores per level."""
+    torch = require("torch")
+    kinds = job.output_kinds
+    names = [s.name for s in job.model.outputs]
+    if not any(kinds.get(n, "").startswith("detection") for n in names):
+        return ()
+    out = next((n for n in module.graph.nodes if n.op == "output"), None)
+    if out is None:
+        return ()
+    a = torch.ops.aten
+    cat = {a.cat.default, a.concat.default}
+    passing = {a.view.default, a.reshape.default, a.permute.default, a.transpose.int, a.flatten.using_ints,
+               a.squeeze.dim, a.unsqueeze.default, a.clone.default, a._unsafe_view.default, a.contiguous.default}
+    results = out.args[0] if isinstance(out.args[0], (tuple, list)) else (out.args[0],)
+    todo = [node for name, node in zip(names, results)
+            if kinds.get(name, "").startswith("detection") and isinstance(node, torch.fx.Node)]
+    found: list[str] = []
+    seen = set()
+    while todo:
+        node = todo.pop()
+        if node in seen or node.op != "call_function" or node.target not in cat | passing:
+            continue
+        seen.add(node)
+        if node.target in cat:
+            found.append(node.name)
+            todo.extend(x for x in node.args[0] if isinstance(x, torch.fx.Node))
+        else:
+            todo.extend(x for x in node.args[:1] if isinstance(x, torch.fx.Node))
+    return tuple(found)

@@ -136,10 +136,14 @@ class TFLiteConverter:
                     notes.append("ops float in the 16x8 build (DEQUANTIZE and QUANTIZE around them; "
                                  + (f"{len(kept)} kept by keep_float_tensors, the others " if kept else "")
                                  + f"ai-edge-quantizer maps no int16 kernel to them): {float_counts(rep['float_ops'])}")
-                elif job.options.get("keep_float_nodes") or lstm_float(job):
+                elif (job.options.get("keep_float_nodes") or lstm_float(job)
+                      or meta["quantization"].get("detection_head_float")):
                     why = " and ".join(w for w, on in (("keep_float_nodes (mixed precision)",
                                                          job.options.get("keep_float_nodes")),
-                                                        ("--option lstm=float", lstm_float(job))) if on)
+                                                        ("--option lstm=float", lstm_float(job)),
+                                                        ("the detection head's concat (boxes and scores on scales "
+                                                         "of their own)",
+                                                         meta["quantization"].get("detection_head_float"))) if on)
                     notes.append(f"{len(rep['float_ops'])} op(s) float by {why}: {listed}")
                 elif not allow_fallback:
                     raise ConversionError(
@@ -173,7 +177,7 @@ class TFLiteConverter:
             return None
         layout = artifact.meta.get("layout") or "nchw"
         base = float_reference(job, layout)  # "source" (Keras / SavedModel): TensorFlow's fp32 conversion
-        float_ms, ms, runs = against_float(base, job.out_dir / artifact.primary)
+        float_ms, ms, runs, pairs_slower = against_float(base, job.out_dir / artifact.primary)
         q = artifact.meta.get("quantization") or {}
         ops = artifact.meta.get("op_counts") or {}
         n_float = len(artifact.meta.get("float_ops") or [])
@@ -192,7 +196,7 @@ class TFLiteConverter:
         native = wide and job.board.int16_activations == "native"
         version = toolchain_versions("ai-edge-litert").get("ai-edge-litert", "?")
         return Speed(runtime=f"LiteRT {version} (XNNPACK, 1 thread)", float_ms=round(float_ms, 4), ms=round(ms, 4),
-                     runs=runs, kernels=kernels, judged=not native,
+                     runs=runs, kernels=kernels, judged=not native, pairs_slower=round(pairs_slower, 3),
                      not_judged=(f"board {job.board.name} runs 16-bit activations natively (its NPU); this host runs "
                                  "them on LiteRT's reference kernels" if native else ""))
 

@@ -65,9 +65,9 @@ def on_zeros(path: Path, threads: int):
     return interp
 
 
-def against_float(float_path: Path, path: Path, threads: int = 1) -> tuple[float, float, int]:
+def against_float(float_path: Path, path: Path, threads: int = 1) -> tuple[float, float, int, float]:
     """Median ms of the fp32 .tflite ``float_path`` and the build ``path`` on zeros, timed in turns in this
-    process (:func:`edgekit.speed.interleaved`): (float ms, build ms, runs of each)."""
+    process (:func:`edgekit.speed.interleaved`): (float ms, build ms, runs of each, share of pairs the build lost)."""
     from edgekit.speed import interleaved
 
     return interleaved(on_zeros(float_path, threads).invoke, on_zeros(path, threads).invoke)

@@ -101,6 +101,64 @@ def trained(n: int = 300) -> TinyYOLOv8:
     return model
 
 
+class TinyYOLOv5(nn.Module):
+    """YOLOv5's anchor-based head on the same backbone: per level a 1x1 conv to anchors x (4 box + objectness + C),
+    sigmoid, ``split`` into xy / wh / scores, decoded to pixels (xy against the grid, wh against the anchor
+    sizes), concatenated per level on the last axis and over the levels: [N, anchors, 5 + C]."""
+
+    NA = 2
+    NO = 5 + CLASSES
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem, self.c2f = silu_conv(3, 16, s=2), C2f(16)
+        self.down = silu_conv(16, 16, s=2)
+        self.head = nn.ModuleList(nn.Conv2d(16, self.NA * self.NO, 1) for _ in range(2))
+        self.strides = (2, 4)
+        for i, (size, stride) in enumerate(((SIZE // 2, 2), (SIZE // 4, 4))):
+            y, x = torch.meshgrid(torch.arange(size), torch.arange(size), indexing="ij")
+            self.register_buffer(f"grid{i}", torch.stack([x, y], -1).float().view(1, 1, size, size, 2) - 0.5)
+            self.register_buffer(f"anchor{i}", torch.tensor([[2.0, 3.0], [5.0, 4.0]]).mul(stride / 2)
+                                 .view(1, self.NA, 1, 1, 2))
+
+    def levels(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        p2 = self.c2f(self.stem(x))
+        return p2, self.down(p2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = []
+        for i, (conv, f) in enumerate(zip(self.head, self.levels(x))):
+            y = conv(f)
+            n, _, h, w = y.shape
+            y = y.view(n, self.NA, self.NO, h, w).permute(0, 1, 3, 4, 2).sigmoid()
+            xy, wh, conf = y.split((2, 2, self.NO - 4), 4)
+            xy = (xy * 2 + getattr(self, f"grid{i}")) * self.strides[i]
+            wh = (wh * 2) ** 2 * getattr(self, f"anchor{i}")
+            z.append(torch.cat((xy, wh, conf), 4).view(n, -1, self.NO))
+        return torch.cat(z, 1)
+
+
+def trained_v5(n: int = 300) -> TinyYOLOv5:
+    """The YOLOv5-style detector with its objectness and class channels fitted as :func:`trained` fits
+    YOLOv8's class scores: objectness +4 on ink, each class +4 on the ink of its digits (digit % 3)."""
+    torch.manual_seed(0)
+    x, y = digits_rgb(n)
+    x_t = torch.from_numpy(x)
+    model = TinyYOLOv5().eval()
+    with torch.no_grad():
+        for conv, f, s in zip(model.head, model.levels(x_t), model.strides):
+            ink = nn.functional.avg_pool2d(x_t[:, :1], s).flatten(1) > 0.4
+            feats = torch.cat([f.flatten(2).transpose(1, 2), torch.ones(n, ink.shape[1], 1)], 2).reshape(-1, 17)
+            wants = {4: ink} | {5 + c: ink & torch.from_numpy(y % CLASSES == c)[:, None] for c in range(CLASSES)}
+            for k, on in wants.items():
+                want = torch.where(on, 4.0, -4.0).reshape(-1, 1)
+                w = torch.linalg.lstsq(feats.double(), want.double()).solution.float().reshape(-1)
+                for a in range(model.NA):
+                    conv.weight[a * model.NO + k] = w[:16].view(16, 1, 1)
+                    conv.bias[a * model.NO + k] = w[16]
+    return model
+
+
 def export(model: nn.Module, path) -> None:
     """The legacy exporter at opset 17, as Ultralytics exports (Split sizes as an input, chunk as Shape/Slice)."""
     torch.onnx.export(model, (torch.zeros(1, 3, SIZE, SIZE),), str(path), input_names=["images"],
