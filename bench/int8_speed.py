@@ -53,7 +53,7 @@ def zoo_cells(name: str, target: str, out: Path) -> dict[str, dict]:
     data = prepare_data(m)
     cells = {}
     for p in (FLOAT[target], "int8"):
-        res = run_cell(m, target, p, data, out)
+        res = run_cell(m, target, p, data, out, cache=False)
         res["out"] = str(out / f"{name}-{target}-{p}")
         cells[p] = res
     return cells

@@ -523,10 +523,12 @@ def test_jetson_equalizes_depthwise_inputs_and_gets_closer_to_float(tmp_path):
     assert snr["auto"] > snr["off"] + 6, snr
 
 
-def test_jetson_histograms_are_onnxruntimes_streamed(tmp_path):
-    """The |x| histograms the percentile, entropy and MSE methods read are streamed batch by batch (two passes:
-    ranges, then histograms) instead of onnxruntime's collector keeping every batch's every activation in memory:
-    the same counts, edges, signed min and max, tensor for tensor, so each method's range is unchanged. A small
+@pytest.mark.parametrize("keep_bytes,group", [(512 * 2**20, 64), (0, 2)], ids=["one-pass", "two-pass-grouped"])
+def test_jetson_histograms_are_onnxruntimes_streamed(tmp_path, monkeypatch, keep_bytes, group):
+    """The |x| histograms the percentile, entropy and MSE methods read are streamed in groups of batches (the
+    activations kept from the first pass where they fit a budget, else two passes: ranges, then histograms)
+    instead of onnxruntime's collector keeping every batch's every activation in memory: the same counts, edges,
+    signed min and max, tensor for tensor, so each method's range is unchanged, on either path. A small
     real CNN in onnxruntime; one tensor is all zeros (numpy's widened range), one input batch is far louder than
     the others (the range found in the first pass, not the first batch)."""
     import numpy as np
@@ -534,8 +536,11 @@ def test_jetson_histograms_are_onnxruntimes_streamed(tmp_path):
     from onnx import TensorProto, helper, numpy_helper
     from onnxruntime.quantization.calibrate import CalibrationMethod, create_calibrator
 
+    from edgekit.converters.tensorrt import histograms
     from edgekit.converters.tensorrt.histograms import stream_histograms
 
+    monkeypatch.setattr(histograms, "KEEP_BYTES", keep_bytes)
+    monkeypatch.setattr(histograms, "GROUP", group)
     rng = np.random.default_rng(0)
     init = [numpy_helper.from_array(rng.normal(0, 0.5, (8, 1, 3, 3)).astype(np.float32), "w1"),
             numpy_helper.from_array(rng.normal(0, 0.2, (4, 8, 3, 3)).astype(np.float32), "w2"),

@@ -22,6 +22,7 @@ def main(argv: list[str]) -> int:
                       consts=spec["const"] or None, output_kinds=spec["output_kinds"] or None,
                       batch_axes=spec.get("batch_axis") or None, carries=spec.get("carry") or None,
                       sequence_length=spec.get("sequence_length"), fail_on_verification=False,
+                      cache=spec.get("cache", True),
                       **({"golden_count": spec["golden"]} if spec.get("golden") else {}))
         v = res.verification
         man = res.manifest

@@ -69,8 +69,9 @@ def _first_input(m: ZooModel) -> str:
     return next(i.name for i in model_inputs(onnx.load(str(fetch(m)))) if i.name not in consts)
 
 
-def run_cell(m: ZooModel, target: str, precision: str, data: Path, out: Path, timeout: int = CELL_TIMEOUT_S) -> dict:
-    spec = {"model": source(m), "target": target, "precision": precision, "out": str(out / f"{m.name}-{target}-{precision}"),
+def run_cell(m: ZooModel, target: str, precision: str, data: Path, out: Path, timeout: int = CELL_TIMEOUT_S,
+             cache: bool = True) -> dict:
+    spec = {"cache": cache, "model": source(m), "target": target, "precision": precision, "out": str(out / f"{m.name}-{target}-{precision}"),
             "data": str(data), "input_shape": m.input_shape, "const": m.const,
             "output_kinds": dict(k.split("=", 1) for k in m.output_kind), "carry": m.carry,
             "batch_axis": m.batch_axis, "sequence_length": m.sequence_length, "golden": m.golden}

@@ -5,29 +5,43 @@ histograms each tensor's values at once (on ppocr-det: 8.8 GB resident and over 
 page faults and copies). The histograms here are the same numbers (np.histogram of all of a tensor's |x| values,
 2048 bins from the smallest to the largest |x|; the values' signed min and max beside them), computed in two
 streamed passes over the same all-outputs session: the first finds each tensor's range, the second adds each
-batch's histogram over that range. Memory is one batch's activations; onnxruntime runs the model twice."""
+group of batches' histogram over that range. Memory is a group of batches' activations, and onnxruntime runs the
+model twice; where all the calibrated activations fit a budget, the first pass keeps them and it runs once."""
 
 from __future__ import annotations
 
 import numpy as np
 
 
+KEEP_BYTES = 512 * 2**20  # activations kept from the first pass (then no second pass), at most
+GROUP = 64  # batches whose values are reduced together: one numpy call per tensor per group, not per batch
+
+
 def stream_histograms(cal, feeds: list) -> dict:
     """``cal``: onnxruntime's HistogramCalibrater for the model (its augmented all-outputs session and the tensors
     it calibrates), nothing collected. Returns ``{tensor: (hist, edges, min, max)}`` as its HistogramCollector's
-    ``histogram_dict`` after ``collect_data`` over ``feeds`` (symmetric: histograms of |x|)."""
+    ``histogram_dict`` after ``collect_data`` over ``feeds`` (symmetric: histograms of |x|).
+
+    Values are reduced in groups of :data:`GROUP` batches (a streaming model calibrates on a thousand chunks of
+    batch 1: per-batch numpy calls on its small tensors cost more than running it), and where every calibrated
+    tensor of every batch fits :data:`KEEP_BYTES` the first pass keeps them and the model runs once."""
     assert cal.symmetric, "the asymmetric collector histograms x, not |x|"
     num_bins = cal.num_bins
     sess = cal.infer_session
     names = [o.name for o in sess.get_outputs()]
     wanted = [(k, n) for k, n in enumerate(names) if n in cal.tensors_to_calibrate]
     # per tensor: [signed min, signed max, min |x|, max |x|, any values, dtype]
-    stats: dict[str, list] = {}
-    for f in feeds:  # pass 1: each tensor's range
-        outs = sess.run(None, f)
-        for k, n in wanted:
-            a = np.asarray(outs[k])
-            st = stats.setdefault(n, [None, None, None, None, False, a.dtype])
+    stats: dict[str, list] = {n: [None, None, None, None, False, None] for _k, n in wanted}
+    kept: dict[str, list] | None = {n: [] for _k, n in wanted}
+    kept_bytes = 0
+
+    def ranges(group: dict[str, list]) -> None:
+        for n, arrs in group.items():
+            if not arrs:
+                continue
+            a = np.concatenate([x.ravel() for x in arrs])
+            st = stats[n]
+            st[5] = arrs[0].dtype
             if a.size == 0:
                 continue
             ab = np.abs(a)
@@ -35,29 +49,55 @@ def stream_histograms(cal, feeds: list) -> dict:
             if st[4]:
                 lo, hi = min(st[0], lo), max(st[1], hi)
                 alo, ahi = min(st[2], alo), max(st[3], ahi)
-            stats[n] = [lo, hi, alo, ahi, True, a.dtype]
-        del outs
+            stats[n] = [lo, hi, alo, ahi, True, st[5]]
+
+    def groups():
+        group: dict[str, list] = {n: [] for _k, n in wanted}
+        for i, f in enumerate(feeds):
+            outs = sess.run(None, f)
+            for k, n in wanted:
+                group[n].append(np.asarray(outs[k]))
+            del outs
+            if (i + 1) % GROUP == 0 or i + 1 == len(feeds):
+                yield group
+                group = {n: [] for _k, n in wanted}
+
+    for group in groups():  # pass 1: each tensor's range (and its values, while they fit)
+        ranges(group)
+        if kept is not None:
+            kept_bytes += sum(a.nbytes for arrs in group.values() for a in arrs)
+            if kept_bytes > KEEP_BYTES:
+                kept = None
+            else:
+                for n, arrs in group.items():
+                    kept[n].extend(arrs)
     hists: dict[str, np.ndarray] = {}
     edges: dict[str, np.ndarray] = {}
-    for f in feeds:  # pass 2: the histograms over those ranges, batch by batch
-        outs = sess.run(None, f)
-        for k, n in wanted:
+
+    def add(group: dict[str, list]) -> None:
+        for n, arrs in group.items():
             st = stats[n]
-            if not st[4]:
+            if not st[4] or not arrs:
                 continue
-            a = np.asarray(outs[k])
+            a = np.concatenate([x.ravel() for x in arrs])
             if a.size == 0:
                 continue
-            h, e = np.histogram(np.abs(a).ravel(), bins=num_bins, range=(st[2], st[3]))
+            h, e = np.histogram(np.abs(a), bins=num_bins, range=(st[2], st[3]))
             hists[n] = hists[n] + h if n in hists else h
             edges[n] = e
-        del outs
+
+    if kept is not None:
+        add(kept)
+        kept = None
+    else:
+        for group in groups():  # pass 2: the histograms over those ranges, group by group
+            add(group)
     out = {}
     for _k, n in wanted:
         lo, hi, _alo, _ahi, seen, dtype = stats[n]
         if not seen:  # onnxruntime: an empty tensor's histogram over [0, 1], its min and max 0
-            h, e = np.histogram(np.empty(0, dtype), bins=num_bins)
-            lo = hi = np.array(0, dtype=dtype)
+            h, e = np.histogram(np.empty(0, dtype or np.float32), bins=num_bins)
+            lo = hi = np.array(0, dtype=dtype or np.float32)
             hists[n], edges[n] = h, e
-        out[n] = (hists[n], edges[n].astype(dtype), lo, hi)
+        out[n] = (hists[n], edges[n].astype(dtype or np.float32), lo, hi)
     return out
