@@ -121,28 +121,41 @@ def _entropy_thresholds(histograms: dict, quantized_bins: int = 128, stride: int
     """Per tensor, TensorRT's entropy calibration on its |x| histogram: the threshold (a bin edge, every
     ``stride``-th from ``quantized_bins`` up) whose clipped distribution P (the bins beyond it added to its last
     bin) and P quantized to ``quantized_bins`` levels and expanded back (each level's mass spread over its non-empty
-    bins) are closest in KL divergence. The same result format as :func:`_mse_thresholds`."""
+    bins) are closest in KL divergence. The same result format as :func:`_mse_thresholds`.
+
+    Every candidate at once, from cumulative sums: with i bins, level g holds the bins j with
+    floor(j * levels / i) == g, so its mass and its count of non-empty bins are differences of cumulative sums at
+    ceil(g * i / levels); KL(P || Q) is then sums of h log h, h log q and h over the bins below the last one, plus
+    the last bin's own term (P's last bin holds the clipped tail; an empty one there counts q at 1e-12)."""
     out = {}
+    levels = quantized_bins
     for tensor, (hist, edges, lo, hi) in histograms.items():
         h = np.asarray(hist, np.float64)
         n = len(h)
-        best, best_i = np.inf, n
-        if h.sum() > 0 and n > quantized_bins:
-            for i in range(quantized_bins, n + 1, stride):
-                p = h[:i].copy()
-                p[-1] += h[i:].sum()
-                group = np.minimum((np.arange(i) * quantized_bins) // i, quantized_bins - 1)
-                mass = np.bincount(group, weights=h[:i], minlength=quantized_bins)
-                nonzero = np.bincount(group, weights=(h[:i] > 0).astype(np.float64), minlength=quantized_bins)
-                q = np.where(h[:i] > 0, mass[group] / np.maximum(nonzero[group], 1), 0.0)
-                ps, qs = p.sum(), q.sum()
-                if ps <= 0 or qs <= 0:
-                    continue
-                pn, qn = p / ps, q / qs
-                keep = pn > 0
-                kl = float(np.sum(pn[keep] * np.log(pn[keep] / np.maximum(qn[keep], 1e-12))))
-                if kl < best:
-                    best, best_i = kl, i
+        best_i = n
+        if h.sum() > 0 and n > levels:
+            i = np.arange(levels, n + 1, stride)  # candidate bin counts
+            full = h > 0
+            cum = np.concatenate([[0.0], np.cumsum(h)])  # cum[k]: the mass of h[:k]
+            cum_n = np.concatenate([[0.0], np.cumsum(full)])
+            cum_hlogh = np.concatenate([[0.0], np.cumsum(np.where(full, h * np.log(np.where(full, h, 1.0)), 0.0))])
+            ps, qs = cum[-1], cum[i]
+            starts = np.minimum(-((-np.arange(levels + 1)[None, :] * i[:, None]) // levels), i[:, None])
+            mass, nz = np.diff(cum[starts], axis=1), np.diff(cum_n[starts], axis=1)
+            logq = np.where(nz > 0, np.log(np.where(mass > 0, mass, 1.0) / np.maximum(nz, 1)), 0.0)
+            last = i - 1
+            h_last = h[last]
+            q_last = np.where(h_last > 0, mass[:, -1] / np.maximum(nz[:, -1], 1), 0.0)
+            logq_last = np.log(np.where(q_last > 0, q_last, 1.0))
+            hlogq = (mass * logq).sum(axis=1) - np.where(h_last > 0, h_last * logq_last, 0.0)  # bins below last
+            safe_qs = np.where(qs > 0, qs, 1.0)
+            kl = (cum_hlogh[last] - hlogq + cum[last] * (np.log(safe_qs) - np.log(ps))) / ps
+            p_last = h_last + (ps - qs)
+            pn, qn = p_last / ps, np.maximum(q_last / safe_qs, 1e-12)
+            kl = kl + np.where(p_last > 0, pn * np.log(np.where(p_last > 0, pn, 1.0) / qn), 0.0)
+            kl = np.where(qs > 0, kl, np.inf)
+            if np.isfinite(kl).any():
+                best_i = int(i[int(np.argmin(kl))])
         t = np.array(edges[min(best_i, n)], dtype=edges.dtype)
         out[tensor] = (-t, t, hist, edges)
     return out
