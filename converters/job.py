@@ -16,7 +16,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from edgekit.ingest import Model
     from edgekit.profiles import Board, Target
 
-SEARCH_BUDGET_S = 90.0  # the layer search's default time budget: an INT8 build a user waits for, not a batch job
+# the INT8 build's default time budget with its mixed-precision search: a build a user waits for, not a batch job.
+# The search and its rebuilds get what the first build and its verification left of it.
+SEARCH_BUDGET_S = 120.0
 
 
 @dataclass
@@ -38,7 +40,8 @@ class ConvertJob:
     cache: dict[str, Any] = field(default_factory=dict)
     opset: int | None = None  # --opset; None: the target's
     output_kinds: dict[str, str] = field(default_factory=dict)  # output name -> kind (class, regression, ...)
-    search_budget_s: float = SEARCH_BUDGET_S  # wall time the mixed-precision layer search may take (--search-budget)
+    search_budget_s: float = SEARCH_BUDGET_S  # wall time the INT8 build may take with its search (--search-budget)
+    started: float = field(default_factory=time.perf_counter)  # when this job's build began (perf_counter)
     allow_slower_int8: bool = False  # an INT8 build slower than float on the board's kernels may pass (edgekit.speed)
 
     @contextmanager

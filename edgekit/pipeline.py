@@ -125,8 +125,9 @@ def convert(
     ``carries`` (``--carry OUT=IN``): outputs that feed inputs on the next chunk (a recurrent state); the data
     files' chunks are then time, in order, cut into sequences of ``sequence_length`` chunks (edgekit.carry).
 
-    ``search_budget_s``: the time the mixed-precision layer search may take (default
-    :data:`edgekit.converters.job.SEARCH_BUDGET_S`).
+    ``search_budget_s``: the time an INT8 build may take with its mixed-precision search (default
+    :data:`edgekit.converters.job.SEARCH_BUDGET_S`): the search and its rebuilds get what the first build and its
+    verification left of it, and none where they spent it.
 
     An INT8 build that fails verification gets mixed precision (the ``mixed`` stage, :mod:`edgekit.mixed.fallback`:
     the fewest sensitive layers kept at higher precision, then verified again) unless ``strict``.

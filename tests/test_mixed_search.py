@@ -4,6 +4,9 @@ builds are such noise models. The real converters' cases are in test_mixed_preci
 
 from __future__ import annotations
 
+import time
+
+
 def _noise_model(seed: int, noise: dict[str, float], scale: float = 1.0):
     """A stand-in search's outputs: a reference output, and ``outputs(kept)`` that moves it by the errors of the
     layers in ``noise`` not kept (layer -> its error, all in one direction, summed exactly)."""
@@ -46,7 +49,7 @@ def test_search_keeps_the_fewest_layers_it_measured():
 
 
 def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m: None,
-                          offers=frozenset({"layers"})):
+                          offers=frozenset({"layers"}), spent_s: float = 0.0):
     """edgekit.mixed.fallback on a stand-in converter whose builds are a noise model: the plain INT8 build failed,
     and a rebuild passes the golden samples where layer ``golden_needs`` is kept; ``offers``: what the stand-in
     declares it offers (the registry's ``ConverterInfo.mixed`` for a real one). Returns (artifact, checked)."""
@@ -60,11 +63,39 @@ def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m:
                                                             notes=[]))
 
     job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path, options={}, search_budget_s=90.0)
+                          out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter() - spent_s)
     tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
     checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
     return fallback(job, converter, SimpleNamespace(meta={}, notes=[], files=[]), checked, {"y": "regression"}, tol,
                     reverify, log=lambda m: None, warn=warn, offers=offers)
+
+
+def test_no_search_where_the_first_build_spent_the_int8_budget(tmp_path):
+    """--search-budget is the INT8 build's time with its search: where the first build and its verification took
+    it all, the search is not run (the build stays failed) and the note says why and what to pass."""
+    from types import SimpleNamespace
+
+    from edgekit.mixed.search import Layer, Search
+
+    ref, outputs = _noise_model(0, {"a": 0.5})
+    searched = []
+
+    class StandIn:
+        def mixed_search(self, job, artifact):
+            searched.append(True)
+            return Search([Layer("a", "Gemm", 20.0)], outputs, ref, "float")
+
+        def keep_layers(self, job, artifact, kept):
+            assert searched, "no rebuild without a search"
+            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
+
+    warned: list[str] = []
+    art, chk = _fallback_on_stand_in(tmp_path, StandIn(), "a", warn=warned.append, spent_s=95.0)
+    assert not searched and not chk.verification.passed
+    assert art.meta["mixed_precision"]["searched"] is False
+    assert "took 95 s of its 90 s budget" in warned[0] and "--search-budget" in warned[0], warned
+    art, chk = _fallback_on_stand_in(tmp_path, StandIn(), "a", spent_s=30.0)  # 60 s left: searched and kept
+    assert searched and chk.verification.passed
 
 
 def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
@@ -317,7 +348,7 @@ def test_a_build_that_keeps_most_layers_and_passes_is_a_mixed_build_not_a_failur
                                                              failures=[] if ok else ["golden fails"]))
 
         job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                              out_dir=tmp_path, options={}, search_budget_s=90.0)
+                              out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter())
         tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
         first = SimpleNamespace(verification=Verification("stand-in", "int8", 16, "golden", [],
                                                           failures=["int8 fails"]))

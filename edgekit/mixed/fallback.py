@@ -206,6 +206,9 @@ def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checke
     return artifact, checked
 
 
+MIN_SEARCH_S = 10.0  # less left of the INT8 build's budget than this: no search (it would measure a layer or two)
+
+
 def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | None, artifact: Any, checked: Any,
                     kinds: dict[str, str], tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None],
                     warn: Callable[[str], None], extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT,
@@ -227,6 +230,16 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         artifact.meta["mixed_precision"] = {"searched": False, "reason": why, "int8_verification_failures": before,
                                             "passed_after": False}
         return artifact, checked
+    spent = time.perf_counter() - job.started
+    left = job.search_budget_s - spent  # the INT8 build's time budget covers its search: what the build left
+    if left < MIN_SEARCH_S:
+        msg = (f"mixed precision not searched: the INT8 build took {spent:.0f} s of its {job.search_budget_s:.0f} s "
+               "budget; pass a larger --search-budget to search its layers")
+        warn(msg)
+        checked.verification.notes.append(msg)
+        artifact.meta["mixed_precision"] = {"searched": False, "reason": msg.split(": ", 1)[1],
+                                            "int8_verification_failures": before, "passed_after": False}
+        return artifact, checked
     warn(f"{label[0].upper() + label[1:]} failed verification ({_first(before)}): searching for the layers that cause "
          "it (--strict fails instead)")
     progress("sensitivity", "start")
@@ -241,10 +254,14 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         return all(smoke.check_output(n, kinds[n], r, g, tol_d, "int8")["passed"]
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
-    budget = job.search_budget_s if budget_s is None else budget_s
+    budget = job.search_budget_s if budget_s is None else min(budget_s, left)
+    if budget_s is None:
+        budget = left
+        log(f"the INT8 build took {spent:.0f} s of its {job.search_budget_s:.0f} s budget (--search-budget) before "
+            f"the search: the search and its rebuilds get {left:.0f} s")
     if setup_s > 1.0:
         log(f"search setup took {setup_s:.1f} s of the {budget:.0f} s budget (--search-budget)")
-        budget = max(budget - setup_s, budget / 4)
+        budget = max(budget - setup_s, min(budget / 4, MIN_SEARCH_S))
     before_search = set(store.scores) if store else set()
     outcome = keep_fewest(search, passes, log=log, budget_s=budget, step=progress,
                           scores=store.scores if store else None)
