@@ -286,3 +286,28 @@ def test_same_upper_auto_pad_and_channel_prelu_bridge_exactly(tmp_path):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     ops = {n.target.__name__ for n in b.exported.graph.nodes if n.op == "call_function"}
     assert any("prelu" in o for o in ops), ops
+
+
+def test_pow_with_a_constant_exponent_bridges_as_python_numbers(tmp_path):
+    """ONNX Pow with a constant scalar exponent (YOLOv5's ``(2 * sigmoid) ** 2``) reaches torch.export with the
+    exponent as a number: ``x * x`` for 2, ``sqrt`` for 0.5, else pow by a float (onnxruntime's values), and no
+    pow by a tensor (a tfl.pow litert-torch refuses). A non-constant exponent keeps onnx2torch's own."""
+    import torch
+
+    from edgekit.onnx_bridge import bridge_model
+
+    nodes = [helper.make_node("Pow", ["x", "two"], ["a"]), helper.make_node("Pow", ["x", "half"], ["b"]),
+             helper.make_node("Pow", ["x", "three"], ["c"]), helper.make_node("Add", ["a", "b"], ["ab"]),
+             helper.make_node("Add", ["ab", "c"], ["y"])]
+    consts = [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("two", 2.0), ("half", [0.5]), ("three", 3.0))]
+    g = helper.make_graph(nodes, "pow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], consts)
+    p = _save(g, tmp_path / "pow.onnx")
+    m = load_model(p)
+    b = bridge_model(m, str(p))
+    pows = [n for n in b.exported.graph.nodes if n.op == "call_function" and "pow" in str(n.target)]
+    assert all(not isinstance(n.args[1], torch.fx.Node) for n in pows), pows  # exponents are numbers
+    x = np.random.default_rng(0).uniform(0.1, 2.0, (1, 8)).astype(np.float32)
+    np.testing.assert_allclose(b.exported.module()(torch.from_numpy(x)).numpy(), m.reference()({"x": x})[0],
+                               rtol=1e-6)
