@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 # the INT8 build's default time budget with its mixed-precision search: a build a user waits for, not a batch job.
 # The search and its rebuilds get what the first build and its verification left of it.
-SEARCH_BUDGET_S = 180.0
+SEARCH_BUDGET_S = 300.0
 
 
 @dataclass
