@@ -51,6 +51,18 @@ class TFLiteGraph:
         buf = self.model.buffers[b]
         return (buf.data is not None and len(buf.data) > 0) or bool(getattr(buf, "size", 0))
 
+    def opcode(self, code: int, version: int) -> int:
+        """The index of builtin operator ``code`` in the model's operator codes (added where absent), its version
+        raised to at least ``version``: what a rewrite that inserts an op (DEQUANTIZE, QUANTIZE) names it by."""
+        for i, oc in enumerate(self.model.operatorCodes):
+            if max(oc.builtinCode, oc.deprecatedBuiltinCode) == code:
+                oc.version = max(oc.version, version)
+                return i
+        oc = self.schema.OperatorCodeT()
+        oc.builtinCode, oc.deprecatedBuiltinCode, oc.version = code, min(code, 127), version
+        self.model.operatorCodes.append(oc)
+        return len(self.model.operatorCodes) - 1
+
     def save(self, path: str | Path) -> None:
         flatbuffers = require("flatbuffers", "android")
         b = flatbuffers.Builder(1024)

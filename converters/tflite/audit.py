@@ -89,16 +89,6 @@ def float_io(path: Path) -> int:
     g = TFLiteGraph(path)
     s, model, sg = g.schema, g.model, g.sg
 
-    def opcode(code: int, version: int) -> int:
-        for i, oc in enumerate(model.operatorCodes):
-            if max(oc.builtinCode, oc.deprecatedBuiltinCode) == code:
-                oc.version = max(oc.version, version)
-                return i
-        oc = s.OperatorCodeT()
-        oc.builtinCode, oc.deprecatedBuiltinCode, oc.version = code, min(code, 127), version
-        model.operatorCodes.append(oc)
-        return len(model.operatorCodes) - 1
-
     def float_twin(i: int) -> int:
         t = copy.deepcopy(sg.tensors[i])
         t.type, t.quantization = s.TensorType.FLOAT32, None
@@ -118,7 +108,7 @@ def float_io(path: Path) -> int:
             continue
         f = float_twin(i)
         op = s.OperatorT()
-        op.opcodeIndex, op.inputs, op.outputs = opcode(s.BuiltinOperator.QUANTIZE, 1), [f], [i]
+        op.opcodeIndex, op.inputs, op.outputs = g.opcode(s.BuiltinOperator.QUANTIZE, 1), [f], [i]
         head.append(op)
         sg.inputs[k] = remap[i] = f
     for k, i in enumerate(list(sg.outputs)):
@@ -126,7 +116,7 @@ def float_io(path: Path) -> int:
             continue
         f = float_twin(i)
         op = s.OperatorT()
-        op.opcodeIndex, op.inputs, op.outputs = opcode(s.BuiltinOperator.DEQUANTIZE, 2), [i], [f]
+        op.opcodeIndex, op.inputs, op.outputs = g.opcode(s.BuiltinOperator.DEQUANTIZE, 2), [i], [f]
         tail.append(op)
         sg.outputs[k] = remap[i] = f
     sg.operators = head + list(sg.operators) + tail

@@ -63,16 +63,6 @@ def float_detection_outputs(path: Path, outputs: list[int]) -> list[str]:
     if not assemble:
         return []
 
-    def opcode(code: int, version: int) -> int:
-        for n, oc in enumerate(model.operatorCodes):
-            if max(oc.builtinCode, oc.deprecatedBuiltinCode) == code:
-                oc.version = max(oc.version, version)
-                return n
-        oc = s.OperatorCodeT()
-        oc.builtinCode, oc.deprecatedBuiltinCode, oc.version = code, min(code, 127), version
-        model.operatorCodes.append(oc)
-        return len(model.operatorCodes) - 1
-
     inside = {int(o) for k in assemble for o in ops[k].outputs}
     dequantized: dict[int, int] = {}
     new_ops: dict[int, list] = {}  # op index -> DEQUANTIZE ops to run before it
@@ -97,7 +87,7 @@ def float_detection_outputs(path: Path, outputs: list[int]) -> list[str]:
                 f.buffer = len(model.buffers) - 1
                 sg.tensors.append(f)
                 dq = s.OperatorT()
-                dq.opcodeIndex, dq.inputs, dq.outputs = opcode(s.BuiltinOperator.DEQUANTIZE, 2), [src], [
+                dq.opcodeIndex, dq.inputs, dq.outputs = g.opcode(s.BuiltinOperator.DEQUANTIZE, 2), [src], [
                     len(sg.tensors) - 1]
                 new_ops.setdefault(k, []).append(dq)
                 dequantized[src] = len(sg.tensors) - 1

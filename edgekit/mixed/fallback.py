@@ -254,9 +254,8 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         return all(smoke.check_output(n, kinds[n], r, g, tol_d, "int8")["passed"]
                    for n, r, g in zip(names, search.reference, got, strict=True))
 
-    budget = job.search_budget_s if budget_s is None else min(budget_s, left)
+    budget = left if budget_s is None else min(budget_s, left)
     if budget_s is None:
-        budget = left
         log(f"the INT8 build took {spent:.0f} s of its {job.search_budget_s:.0f} s budget (--search-budget) before "
             f"the search: the search and its rebuilds get {left:.0f} s")
     if setup_s > 1.0:
