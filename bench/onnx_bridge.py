@@ -16,8 +16,9 @@ def alone(path, m) -> str:
     """onnx2torch 1.5.15 by itself (its own converters only: run before edgekit registers any), on the file with
     the zoo's shapes and constants applied by edgekit's prepare (so only the translation is compared)."""
     import onnx
-    import onnx2torch
     import torch
+
+    from edgekit._vendor import onnx2torch
 
     from edgekit.input_spec import parse_shapes
     from edgekit.onnx_prepare import parse_consts, prepare
@@ -36,10 +37,9 @@ def main() -> None:
 
     from edgekit.errors import EdgekitError
     from edgekit.ingest import load_model
-    from edgekit.onnx_bridge import bridge_model, stub_torchvision
+    from edgekit.onnx_bridge import bridge_model
     from edgekit.zoo import catalog, fetch
 
-    stub_torchvision()
     models = [(m, fetch(m)) for m in catalog() if not m.factory]
     first = {m.name: alone(p, m) for m, p in models}  # before edgekit's converters are registered
     print(f"{'model':16} {'onnx2torch alone':24} {'edgekit bridge':28} {'bridge s':>8} {'max |diff| vs ORT':>18}")

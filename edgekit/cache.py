@@ -45,7 +45,7 @@ ENV = "EDGEKIT_CACHE_DIR"
 SCHEMA = 2
 ENTRY = "entry.json"
 # every toolchain a converter may use: an upgrade of any of them is a new key (read from metadata, not imported)
-TOOLCHAINS = ("numpy", "torch", "onnx", "onnxruntime", "onnxslim", "onnxscript", "onnx2torch", "tensorrt",
+TOOLCHAINS = ("numpy", "torch", "onnx", "onnxruntime", "onnxslim", "onnxscript", "tensorrt",
               "litert-torch", "litert-converter", "ai-edge-litert", "ai-edge-quantizer", "torchao", "tensorflow",
               "tensorflow-cpu", "keras", "tf-keras", "tf2onnx", "coremltools", "scikit-learn", "brevitas", "qonnx", "onnxoptimizer", "hls4ml")
 _said: set[str] = set()  # reasons a build is not cached, said once per process

@@ -20,8 +20,8 @@ def register_extra_converters() -> None:
     if _REGISTERED:
         return
     torch = require("torch")
-    from onnx2torch.node_converters.registry import add_converter
-    from onnx2torch.utils.common import OnnxMapping, OperationConverterResult
+    from edgekit._vendor.onnx2torch.node_converters.registry import add_converter
+    from edgekit._vendor.onnx2torch.utils.common import OnnxMapping, OperationConverterResult
 
     class OnnxLSTM(torch.nn.Module):
         """ONNX LSTM (layout 0, forward / bidirectional, default activations) as torch.nn.LSTM."""
@@ -102,7 +102,7 @@ def register_extra_converters() -> None:
                 return torch.reshape(x, list(self.shape))
             return torch.reshape(x, [x.shape[i] if d == 0 else d for i, d in enumerate(self.shape)])
 
-    from onnx2torch.node_converters import registry
+    from edgekit._vendor.onnx2torch.node_converters import registry
 
     def static_first(op: str, make):
         for desc, original in list(registry._CONVERTER_REGISTRY.items()):

@@ -348,12 +348,7 @@ def test_class_loss_mse_weighs_the_near_ties(digits, tmp_path):
 
 def test_onnx_model_through_the_bridge(digits, tmp_path):
     """An ONNX model is rebuilt in torch (onnx2torch, checked against onnxruntime) and fine-tuned like a .pt2."""
-    import importlib.util
-
     from edgekit.ingest import load_model
-
-    if importlib.util.find_spec("onnx2torch") is None:  # imported by edgekit.onnx_bridge, with its torchvision stand-in
-        pytest.skip("onnx2torch is not installed")
 
     import plan_nets  # tests/support: the digits example as an nn.Module
 

@@ -311,3 +311,33 @@ def test_pow_with_a_constant_exponent_bridges_as_python_numbers(tmp_path):
     x = np.random.default_rng(0).uniform(0.1, 2.0, (1, 8)).astype(np.float32)
     np.testing.assert_allclose(b.exported.module()(torch.from_numpy(x)).numpy(), m.reference()({"x": x})[0],
                                rtol=1e-6)
+
+
+def test_bridge_ships_inside_edgekit_and_refuses_nms_in_one_line_without_torchvision(tmp_path):
+    """onnx2torch is vendored (every release requires torchvision, a CUDA wheel on PyPI): importing it loads no
+    torchvision, and a graph with NonMaxSuppression is refused in one line naming the op and the way out, at
+    conversion, not as a traceback when the bridged module runs."""
+    import subprocess
+    import sys
+
+    probe = "import sys, edgekit._vendor.onnx2torch; print('torchvision' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout == "False\n"
+    try:
+        import torchvision  # noqa: F401
+        pytest.skip("torchvision imports here: the NMS converter runs")
+    except Exception:  # noqa: BLE001 - absent, or a CUDA build failing beside CPU torch
+        pass
+    from edgekit.errors import UnsupportedOpError
+    from edgekit.onnx_bridge import bridge_model
+
+    ints = {n: numpy_helper.from_array(np.array([v], np.int64 if n == "k" else np.float32), n)
+            for n, v in (("k", 10), ("iou", 0.5), ("thr", 0.1))}
+    g = helper.make_graph([helper.make_node("NonMaxSuppression", ["boxes", "scores", "k", "iou", "thr"], ["sel"])],
+                          "nms", [helper.make_tensor_value_info("boxes", TensorProto.FLOAT, [1, 6, 4]),
+                                  helper.make_tensor_value_info("scores", TensorProto.FLOAT, [1, 1, 6])],
+                          [helper.make_tensor_value_info("sel", TensorProto.INT64, [None, 3])], list(ints.values()))
+    path = _save(g, tmp_path / "nms.onnx", opset=11)
+    with pytest.raises(UnsupportedOpError) as err:
+        bridge_model(load_model(path), str(path))
+    msg = str(err.value)
+    assert "\n" not in msg and "NonMaxSuppression" in msg and "--target jetson" in msg, msg

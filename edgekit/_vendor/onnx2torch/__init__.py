@@ -1,0 +1,1 @@
+from edgekit._vendor.onnx2torch.converter import convert
