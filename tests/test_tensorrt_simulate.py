@@ -90,6 +90,10 @@ def test_switching_nodes_equals_real_qdq_builds_with_the_others_excluded(small):
     sim = simulation(s.job, s.pre, s.ranges["minmax"], "minmax", [], "tensorrt")
     sim.use_scales(method_ranges(s.ranges["minmax"]))
     assert sorted(sim.nodes) == sorted(s.nodes)
+    import onnx
+
+    graph = onnx.load(str(sim.path)).graph  # a switched-off pair computes nothing: its Q/DQ run inside an If
+    assert not any(n.op_type in ("Where", "QuantizeLinear") for n in graph.node), [n.op_type for n in graph.node]
     session = sim.model.sess
     ref = run_model(s.pre, s.search)
     assert all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(sim.float_outputs(s.search), ref, strict=True))

@@ -78,10 +78,16 @@ def choose_observer(job: ConvertJob, module, sample, quantizer_for: Callable[[st
     SNR) on calibration samples, the best taken: on the first :data:`CLEAR_FEEDS` search samples where one
     leads there by :data:`CLEAR_DB`, else on all of them. One pass of statistics serves them all: the histogram
     observers' calibration, whose running min / max are the min-max observers' statistics (:func:`calibrated`
-    reuses them, and the chosen observer's full calibration continues from them)."""
+    reuses them, and the chosen observer's full calibration continues from them). A rebuild in the same job (a
+    float group, the layer search's kept set without its own measure) takes the first build's choice."""
     asked = job.options.get("calibration") or "auto"
     if asked != "auto":
         return asked, {}
+    store = job.cache if isinstance(getattr(job, "cache", None), dict) else {}
+    if "observer_chosen" in store:  # a rebuild of this job (a float group, a kept set): the first build's choice
+        chosen, measured = store["observer_chosen"]
+        job.log(f"activation observer: {chosen}, as this job's first build measured it")
+        return chosen, measured
     m = job.model
     search = search_feeds(job)
     # the first CLEAR_FEEDS samples first: where one observer leads by CLEAR_DB there, the rest would not turn it
@@ -105,6 +111,7 @@ def choose_observer(job: ConvertJob, module, sample, quantizer_for: Callable[[st
     if isinstance(getattr(job, "cache", None), dict):  # the built model is measured on them too (simulated vs real)
         job.cache["observer_ref"] = (search, ref)
     chosen = max(measured, key=lambda k: measured[k])
+    store["observer_chosen"] = (chosen, measured)
     job.log("activation observer by measurement (output SNR against float on "
             f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples): "
             + ", ".join(f"{k} {v:.1f} dB" for k, v in measured.items()) + f" -> {chosen}")

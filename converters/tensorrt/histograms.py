@@ -6,7 +6,9 @@ page faults and copies). The histograms here are the same numbers (np.histogram 
 2048 bins from the smallest to the largest |x|; the values' signed min and max beside them), computed in two
 streamed passes over the same all-outputs session: the first finds each tensor's range, the second adds each
 group of batches' histogram over that range. Memory is a group of batches' activations, and onnxruntime runs the
-model twice; where all the calibrated activations fit a budget, the first pass keeps them and it runs once."""
+model twice; where all the calibrated activations fit a budget, or all the batches fit one group (whose values
+are in memory when their ranges are known), the first pass keeps them and it runs once (ddddocr-det, 59 images
+at 416x416: 28 s of onnxruntime runs -> 14 s)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,8 @@ def stream_histograms(cal, feeds: list) -> dict:
 
     Values are reduced in groups of :data:`GROUP` batches (a streaming model calibrates on a thousand chunks of
     batch 1: per-batch numpy calls on its small tensors cost more than running it), and where every calibrated
-    tensor of every batch fits :data:`KEEP_BYTES` the first pass keeps them and the model runs once."""
+    tensor of every batch fits :data:`KEEP_BYTES`, or every batch fits one group, the first pass keeps them and the
+    model runs once."""
     assert cal.symmetric, "the asymmetric collector histograms x, not |x|"
     num_bins = cal.num_bins
     sess = cal.infer_session
@@ -62,9 +65,12 @@ def stream_histograms(cal, feeds: list) -> dict:
                 yield group
                 group = {n: [] for _k, n in wanted}
 
+    one_group = len(feeds) <= GROUP
     for group in groups():  # pass 1: each tensor's range (and its values, while they fit)
         ranges(group)
-        if kept is not None:
+        if one_group:  # every batch is in this group: its values are at hand, and their ranges are final
+            kept = group
+        elif kept is not None:
             kept_bytes += sum(a.nbytes for arrs in group.values() for a in arrs)
             if kept_bytes > KEEP_BYTES:
                 kept = None

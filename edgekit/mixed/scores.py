@@ -35,7 +35,7 @@ import numpy as np
 
 from edgekit.mixed.search import Layer, Score, Search
 
-SCHEMA = 1
+SCHEMA = 2  # 2: jetson measures each layer alone on 8 samples (was 32)
 FOLDER = "sensitivity"
 
 
