@@ -121,3 +121,29 @@ def test_fused_fake_quant_program_gives_the_same_values():
     for x in np.random.default_rng(3).standard_normal((4, 1, 3, 12, 12)).astype(np.float32) * 2:
         np.testing.assert_allclose(_out(fast, x), _out(conv, x), rtol=0, atol=1e-6)
     assert fused_fake_quant(module) is module  # a float program runs as it is
+
+
+def test_a_rebuild_takes_the_first_builds_observer_without_calibrating(monkeypatch):
+    """The observer choice calibrates every observer once per job: a rebuild of the same job (a float group, a kept
+    set the search did not measure) takes the first build's choice and its measures, and says so."""
+    import contextlib
+
+    from edgekit.converters.common import pt2e
+
+    job = _job(40)
+    said: list[str] = []
+    job.log = said.append
+    job.substep = lambda name: contextlib.nullcontext()
+    monkeypatch.setattr(pt2e, "search_feeds", lambda j: list(j.calib.batches(j.model))[:16])
+    calls: list[str] = []
+    real = pt2e.calibrated
+    monkeypatch.setattr(pt2e, "calibrated",
+                        lambda j, mod, s, obs, *a, **k: calls.append(obs) or real(j, mod, s, obs, *a, **k))
+    module, sample = _module(), (torch.zeros(1, 3, 12, 12),)
+    first = pt2e.choose_observer(job, module, sample, _quantizer)
+    assert sorted(calls) == sorted(pt2e.OBSERVERS) and set(first[1]) == set(pt2e.OBSERVERS)
+    calls.clear()
+    assert pt2e.choose_observer(job, module, sample, _quantizer) == first and calls == []
+    assert said[-1] == f"activation observer: {first[0]}, as this job's first build measured it"
+    job.options = {"calibration": "minmax"}  # the user's choice still wins
+    assert pt2e.choose_observer(job, module, sample, _quantizer) == ("minmax", {})
