@@ -155,7 +155,10 @@ def render(results: dict) -> str:
     cells = results["cells"]
     lines = ["| model | target | precision | status | float agreement on held-out inputs | max rel err | size × | time | reason |",
              "|---|---|---|---|---|---|---|---|---|"]
-    for c in cells:
+    models = list(dict.fromkeys(c["model"] for c in cells))  # first-run order; a row run again stays in place
+    order = [(t, p) for t, precs in CELLS.items() for p in precs]
+    for c in sorted(cells, key=lambda c: (models.index(c["model"]), order.index((c["target"], c["precision"]))
+                                          if (c["target"], c["precision"]) in order else len(order))):
         err = max((o["max_rel_error"] for o in c.get("outputs") or []), default=None)
         reason = (c.get("reason") or "").replace("|", "/").replace("\n", " ")
         model = c["model"] + (" (state carried)" if c.get("carry") else "")  # else folded by --const, if a state
