@@ -418,7 +418,7 @@ def test_jetson_ranks_a_node_by_what_its_rounding_alone_costs_the_output(tmp_pat
 
     # the measure against independent builds: quantize_static with every other node excluded
     fp32 = convert(str(tmp_path / "cancel.pt2"), target="jetson", precision="fp32", out=tmp_path / "fp32")
-    job = SimpleNamespace(work_dir=tmp_path)
+    job = SimpleNamespace(work_dir=tmp_path, options={})
     pre = _preprocessed(job, fp32.out_dir / "model.onnx")
     name = onnx.load(str(pre)).graph.input[0].name
     feeds = [{name: x[i:i + 1]} for i in range(32)]  # the exported graph's batch is 1

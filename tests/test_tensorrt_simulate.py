@@ -40,7 +40,7 @@ def small(tmp_path_factory):
     x = np.random.default_rng(0).normal(0, 1, (48, 1, 8, 8)).astype(np.float32)
     torch.export.save(torch.export.export(net, (torch.from_numpy(x[:1]),)), str(tmp / "net.pt2"))
     fp32 = convert(str(tmp / "net.pt2"), target="jetson", precision="fp32", out=tmp / "fp32")
-    job = SimpleNamespace(work_dir=tmp)
+    job = SimpleNamespace(work_dir=tmp, options={})
     pre = preprocessed(job, fp32.out_dir / "model.onnx")
     name = onnx.load(str(pre)).graph.input[0].name
     feeds = [{name: x[i:i + 1]} for i in range(32)]
@@ -186,9 +186,30 @@ def test_minmax_ranges_from_the_shared_histogram_pass_equal_onnxruntimes_minmax_
 
     name = onnx.load(str(small.pre)).graph.input[0].name
     x = np.random.default_rng(0).normal(0, 1, (48, 1, 8, 8)).astype(np.float32)
-    own = calibrated_ranges(SimpleNamespace(work_dir=tmp_path), small.pre, [{name: x[i:i + 1]} for i in range(32)],
+    own = calibrated_ranges(SimpleNamespace(work_dir=tmp_path, options={}), small.pre, [{name: x[i:i + 1]} for i in range(32)],
                             "minmax")
     shared, alone = method_ranges(small.ranges["minmax"]), method_ranges(own)
     assert sorted(shared) == sorted(alone)
     for t, (lo, hi) in alone.items():
         assert np.allclose(np.ravel(shared[t]), np.ravel([lo, hi]), rtol=1e-6, atol=0), t
+
+
+def test_tensorrt_placement_calibrates_its_ops_tensors_only_and_rounds_every_input(small):
+    """Under ``qdq=tensorrt`` the calibration collects the tensors of the ops TensorRT runs in INT8 (onnxruntime's
+    calibrator takes every tensor otherwise), and the Q/DQ model still rounds every activation those ops read."""
+    import onnx
+
+    from edgekit.converters.tensorrt.qdq import TRT_QDQ_OPS, write_qdq
+    from edgekit.converters.tensorrt.simulate import method_ranges
+
+    graph = onnx.load(str(small.pre)).graph
+    inits = {i.name for i in graph.initializer}
+    ops = [n for n in graph.node if n.op_type in TRT_QDQ_OPS]
+    reads = {n.input[0] for n in ops if n.input[0] not in inits}
+    ranged = set(method_ranges(small.ranges["minmax"]))
+    assert reads <= ranged <= {t for n in ops for t in (*n.input, *n.output)}, (reads, ranged)
+    left_out = {n.output[0] for n in graph.node if n.op_type == "Relu"} - ranged  # e.g. the Relus the Sub reads
+    assert left_out, "every tensor was calibrated"
+    write_qdq(small.pre, small.tmp / "all-q.onnx", small.ranges["minmax"], "minmax", [], "tensorrt")
+    quantized = {n.input[0] for n in onnx.load(str(small.tmp / "all-q.onnx")).graph.node if n.op_type == "QuantizeLinear"}
+    assert reads <= quantized, reads - quantized

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from edgekit.converters import ConvertJob, load_firmware
-from edgekit.converters.tensorrt.calibration import CALIBRATIONS
+from edgekit.converters.tensorrt.calibration import CALIBRATIONS, TRT_QDQ_OPS, placement
 from edgekit.deps import require
 
 # ``--option qdq=``: where the Q/DQ pairs go.
@@ -20,15 +20,11 @@ from edgekit.deps import require
 #   arithmetic) is left to TensorRT's fp16 under --int8 --fp16. A Q/DQ on an output or on a pointwise op only
 #   adds rounding TensorRT would otherwise not do (a LayerNorm written as ReduceMean/Sub/Pow/Sqrt/Div suffers most).
 # "all": onnxruntime's default (every op it has a QDQ rule for, inputs and outputs).
-TRT_QDQ_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul", "AveragePool", "GlobalAveragePool")
+# TRT_QDQ_OPS and placement() live in calibration.py, which calibrates only those ops' tensors under "tensorrt"
 # ops whose nodes quantize_static gives Q/DQ under "all" and that mixed precision may keep float
 QUANTIZED_OPS = {"Conv", "ConvTranspose", "Gemm", "MatMul", "Add", "Mul", "Concat", "AveragePool",
                  "GlobalAveragePool", "MaxPool", "Resize", "Sigmoid", "Softmax", "LeakyRelu", "HardSwish",
                  "Where", "Split", "Pad", "ReduceMean", "InstanceNormalization", "LayerNormalization", "Gather"}
-
-
-def placement(job: ConvertJob) -> str:
-    return job.options.get("qdq") or "tensorrt"  # validated by TensorRTOptions (pipeline.convert)
 
 
 def preprocessed(job: ConvertJob, src: Path) -> Path:
