@@ -220,14 +220,15 @@ def _branch_switches(graph) -> None:
     one pair under one switch share one If."""
     from onnx import TensorProto, helper
 
-    prod = {o: n for n in graph.node for o in n.output}
+    every = list(graph.node)  # one list of the nodes for both passes: they are told apart by id()
+    prod = {o: n for n in every for o in n.output}
     readers: dict[str, int] = {}
-    for n in graph.node:
+    for n in every:
         for t in n.input:
             readers[t] = readers.get(t, 0) + 1
     for o in graph.output:
         readers[o.name] = readers.get(o.name, 0) + 1
-    switched = [n for n in graph.node if n.op_type == "Where" and n.name.startswith("edgekit.sim.")]
+    switched = [n for n in every if n.op_type == "Where" and n.name.startswith("edgekit.sim.")]
     by_key: dict[tuple[str, str], list] = {}
     for w in switched:
         by_key.setdefault((w.input[0], w.input[1]), []).append(w)
@@ -249,7 +250,8 @@ def _branch_switches(graph) -> None:
         moved.update(id(c) for c in chain)
         body = ([onnx_copy(c) for c in chain] if chain else [helper.make_node("Identity", [t], [f"{out}/then"])])
         then_out = t if chain else f"{out}/then"
-        then_g = helper.make_graph(body, f"{out}/then", [], [helper.make_tensor_value_info(then_out, TensorProto.FLOAT, None)])
+        then_g = helper.make_graph(body, f"{out}/then", [],
+                                   [helper.make_tensor_value_info(then_out, TensorProto.FLOAT, None)])
         else_g = helper.make_graph([helper.make_node("Identity", [flt], [f"{out}/else"])], f"{out}/else", [],
                                    [helper.make_tensor_value_info(f"{out}/else", TensorProto.FLOAT, None)])
         swap[id(first)] = helper.make_node("If", [switch], [out], name=first.name, then_branch=then_g,
@@ -257,7 +259,7 @@ def _branch_switches(graph) -> None:
         for w in ws[1:]:
             swap[id(w)] = None
     nodes = []
-    for n in graph.node:
+    for n in every:
         if id(n) in moved:
             continue
         if id(n) in swap:
