@@ -5,8 +5,9 @@ onnxruntime on real inputs, and exports it with ``torch.export``. Why this bridg
 is measured in docs/zoo.md: it keeps one float reference (onnxruntime on the prepared graph), needs no second
 TensorFlow, and reuses every torch path edgekit already verifies.
 
-onnx2torch 1.5.15 is vendored in ``edgekit._vendor`` (why, and what changed: its README.md): every release
-requires torchvision, whose PyPI wheel is a CUDA build that fails to import beside CPU torch.
+onnx2torch 1.5.15 is vendored in ``third_party/`` (imported as ``edgekit._vendor``; why, and what changed: its
+README.md): every release requires torchvision, whose PyPI wheel is a CUDA build that fails to import beside
+CPU torch.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 from edgekit.deps import require
 from edgekit.errors import ModelLoadError, UnsupportedOpError
 
-ONNX2TORCH = "1.5.15"  # the vendored release (edgekit/_vendor/onnx2torch)
+ONNX2TORCH = "1.5.15"  # the vendored release (third_party/onnx2torch)
 
 
 def differs(got: np.ndarray, want: np.ndarray) -> str | None:

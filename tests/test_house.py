@@ -152,3 +152,24 @@ def test_no_converter_imports_another_converter_or_the_trainer():
             continue
         bad += [(m, d) for d in deps if (_converter_of(d) or own) != own or d.startswith("edgekit.finetune")]
     assert not bad, bad
+
+
+FRAMEWORKS = {"torch", "torchvision", "tensorflow", "keras", "tf_keras", "onnx", "onnxruntime", "onnxslim",
+              "coremltools", "hls4ml", "brevitas", "qonnx", "litert_torch", "ai_edge_litert", "ai_edge_quantizer",
+              "tensorrt", "sklearn", "scipy", "matplotlib"}
+
+
+def test_the_core_imports_no_framework_at_module_level():
+    """DESIGN.md: frameworks are imported inside the functions that need them, never at the top of a core module
+    (``edgekit --help`` would pay for them). Read from the source: module-level imports outside TYPE_CHECKING."""
+    bad = []
+    for p in (ROOT / "edgekit").rglob("*.py"):
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                names = [node.module]
+            else:
+                continue
+            bad += [f"{p.relative_to(ROOT)}:{node.lineno} {n}" for n in names if n.split(".")[0] in FRAMEWORKS]
+    assert not bad, bad
