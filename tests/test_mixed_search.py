@@ -48,6 +48,34 @@ def test_search_keeps_the_fewest_layers_it_measured():
     assert out.kept == [] and [lay.name for lay in out.scanned] == ["c"] and not out.shown
 
 
+def test_the_scan_measures_a_first_layer_first_and_stops_once_one_clearly_gains():
+    """A layer that reads the model input is scanned before the locally worst ones (its rounding is amplified by
+    every layer after it, which its local SQNR does not show). Where the search samples pass all-INT8, the scan
+    stops after SPREAD_AFTER layers once one gains CLEAR_GAIN_DB kept alone; where none does, it goes on."""
+    import numpy as np
+
+    from edgekit.mixed.search import CLEAR_GAIN_DB, SPREAD_AFTER, Layer, Search, keep_fewest
+
+    noise = {"first": 0.05, **{f"l{i}": 0.002 for i in range(10)}}
+    ref, outputs = _noise_model(1, noise)
+
+    def passes(got):
+        return float(np.max(np.abs(got[0] - ref[0]))) < 0.5  # all-INT8 passes: the samples cannot show the failure
+
+    def layers():
+        return [Layer("first", "Conv", 45.0, reads_input=True)] + [Layer(f"l{i}", "Conv", 20.0 + i) for i in range(10)]
+
+    logs: list[str] = []
+    out = keep_fewest(Search(layers(), outputs, ref, "float"), passes, log=logs.append)
+    assert out.scanned[0].name == "first" and out.scanned[0].gain_db >= CLEAR_GAIN_DB
+    assert len(out.scanned) == SPREAD_AFTER and out.builds == SPREAD_AFTER + 1
+    assert [k.name for k in out.kept] == ["first"] and not out.shown
+    assert any("scan stopped after" in m for m in logs)
+    noise["first"] = 0.002  # now no layer gains much: every layer is measured
+    out = keep_fewest(Search(layers(), outputs, ref, "float"), passes)
+    assert len(out.scanned) == 11 and out.scanned[0].name == "first"
+
+
 def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m: None,
                           offers=frozenset({"layers"}), spent_s: float = 0.0):
     """edgekit.mixed.fallback on a stand-in converter whose builds are a noise model: the plain INT8 build failed,

@@ -72,3 +72,12 @@ def record_quantized(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any,
         for f in feeds:
             Rec(converted).run(*[torch.from_numpy(np.ascontiguousarray(f[s.name])) for s in m.inputs])
     return seen, weights
+
+
+def reads_input(node) -> bool:
+    """``node``'s first argument is a model input, through quantize / dequantize nodes only (the mixed search
+    scans such a layer first: :class:`edgekit.mixed.search.Layer`)."""
+    a = node.args[0] if node.args else None
+    while getattr(a, "op", None) == "call_function" and "quantize" in str(a.target) and a.args:
+        a = a.args[0]
+    return getattr(a, "op", None) == "placeholder"

@@ -405,7 +405,9 @@ def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, fi
     fake-quant program; each kept set is calibrated with every observer and the one closest to float (output SNR)
     is used, unless the user chose the observer (``--option calibration``: then only ``first``, and
     ``calibration_for`` is None). The first build chose its observer all-INT8, where one broken layer can hide the
-    difference between the observers; with that layer kept float, they may differ."""
+    difference between the observers; with that layer kept float, they may differ. A single layer kept alone (the
+    sensitivity scan: most of the search's builds) is measured with ``first`` only: the scan ranks layers by what
+    keeping each gains, and the all-INT8 set it is compared with was measured with every observer."""
     measure = job.options.get("calibration") in (None, "auto")
     observers = OBSERVERS if measure else (first,)
     m = job.model
@@ -413,7 +415,7 @@ def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, fi
 
     def outputs(kept: list[str]) -> list[np.ndarray]:
         top = None
-        for obs in sorted(observers, key=lambda o: o != first):  # the first build's observer wins a tie
+        for obs in sorted(observers if len(kept) != 1 else (first,), key=lambda o: o != first):  # first wins a tie
             got = torch_run(build(kept, obs), search, m)
             snr = output_snr_db(ref, got)
             if top is None or snr > top[0]:

@@ -68,7 +68,7 @@ def w8a8_layers(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any) -> l
     before and after its quantize / dequantize, on the same runs) or, where lower, of its int8 weights at its
     output: the cheap ranking of the mixed search."""
     torch = require("torch")
-    from edgekit.converters.common.fxrecord import record_quantized
+    from edgekit.converters.common.fxrecord import reads_input, record_quantized
 
     seen, weights = record_quantized(converted, feeds, m, skip_dequantize=True)
 
@@ -90,5 +90,5 @@ def w8a8_layers(converted: Any, feeds: list[dict[str, np.ndarray]], m: Any) -> l
         if n.name in weights:  # its int8 weights at its output, where they lose more than its input does
             local = min(local, mixed_db(*weights[n.name]))
         layers.append(Layer(n.name, str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target),
-                            round(local, 2)))
+                            round(local, 2), reads_input=reads_input(n)))
     return layers

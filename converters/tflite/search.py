@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 from edgekit.converters import Artifact, ConvertJob, load_firmware
-from edgekit.converters.common.fxrecord import record_quantized
+from edgekit.converters.common.fxrecord import reads_input, record_quantized
 from edgekit.converters.common.pt2e import (
     SEARCH_CALIB,
     calibrated,
@@ -179,8 +179,10 @@ def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]
         stack = n.meta.get("nn_module_stack") or {}
         where = next(reversed(stack.values()))[0] if stack else ""
         op = str(n.target).split(".")[-2] if "." in str(n.target) else str(n.target)
-        layers.append(Layer(n.name, f"{op}{' ' + where if where else ''}", round(db, 2)))
+        layers.append(Layer(n.name, f"{op}{' ' + where if where else ''}", round(db, 2),
+                            reads_input=reads_input(n)))
     return layers
+
 
 
 # ops that compute (their rounding adds noise): the 16x8 layer search's candidates; data movement is left

@@ -35,7 +35,9 @@ import numpy as np
 
 from edgekit.mixed.search import Layer, Score, Search
 
-SCHEMA = 2  # 2: jetson measures each layer alone on 8 samples (was 32)
+# 2: jetson measures each layer alone on 8 samples (was 32); 3: android / ios measure a layer kept alone with the
+# first build's observer only, and a layer records whether it reads a model input (scanned first)
+SCHEMA = 3
 FOLDER = "sensitivity"
 
 
@@ -178,7 +180,8 @@ class ScoreStore:
         entry = {
             "schema": SCHEMA, "key": self.key, **self.what, "board": None,
             "built_utc": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "layers": [{"name": lay.name, "op": lay.op, "local_sqnr_db": lay.local_sqnr_db} for lay in search.layers],
+            "layers": [{"name": lay.name, "op": lay.op, "local_sqnr_db": lay.local_sqnr_db,
+                        **({"reads_input": True} if lay.reads_input else {})} for lay in search.layers],
             "keeps_as": search.keeps_as, "by_rank": search.by_rank, "samples": samples,
             "calibrates": cal is not None, "setup_s": self.setup_s,
             "scores": [{"kept": list(k), **v, **({"calibration": self.calibration[k]} if k in self.calibration else {})}
@@ -197,7 +200,8 @@ class CachedSearch(Search):
 
     def __init__(self, store: ScoreStore, build: Callable[[], Search]) -> None:
         e = store.entry or {}
-        self.layers = [Layer(d["name"], d["op"], float(d["local_sqnr_db"])) for d in e["layers"]]
+        self.layers = [Layer(d["name"], d["op"], float(d["local_sqnr_db"]), reads_input=bool(d.get("reads_input")))
+                       for d in e["layers"]]
         self.keeps_as, self.by_rank = e["keeps_as"], bool(e["by_rank"])
         self._store, self._build = store, build
         self._calibrates, self._samples = bool(e.get("calibrates")), int(e["samples"])
