@@ -19,7 +19,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from edgekit.converters.capabilities import ACTIVATIONS16, GROUP, LAYERS, UNSEARCHABLE
+from edgekit.converters.capabilities import ACTIVATIONS16, LAYERS, UNSEARCHABLE
 from edgekit.converters.job import (  # noqa: F401 - the converters' API, imported from here
     Artifact,
     Converter,
@@ -62,7 +62,7 @@ CONVERTERS: dict[str, ConverterInfo] = {
     "tflite": ConverterInfo("edgekit.converters.tflite.converter", (*TORCH_INPUTS, "keras", "saved_model"),
                             ("fp32", "fp16", "int8-dynamic", "int8"), "android",
                             "edgekit.converters.tflite.options:TFLiteOptions", float_fallback=True,
-                            mixed=frozenset({LAYERS, UNSEARCHABLE, GROUP, ACTIVATIONS16}), speed=True,
+                            mixed=frozenset({LAYERS, UNSEARCHABLE, ACTIVATIONS16}), speed=True,
                             inputs_hint="export the torch model with torch.export.save"),
     "coreml": ConverterInfo("edgekit.converters.coreml.converter", TORCH_INPUTS,
                             ("fp32", "fp16", "int8-weight", "int6-weight", "int4-weight", "prune-50", "int8"), "ios",

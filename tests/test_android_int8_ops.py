@@ -163,12 +163,12 @@ def _rows_onnx(model: nn.Module, path) -> tuple[np.ndarray, np.ndarray, np.ndarr
     return x_tr, x_te, y_te
 
 
-def _rows_int8(path, tmp_path, x_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray):
+def _rows_int8(path, tmp_path, x_tr: np.ndarray, x_te: np.ndarray, y_te: np.ndarray, options=None):
     """The android INT8 build of a rows model, calibrated on 300 train digits, evaluated on the held-out ones."""
     np.savez(tmp_path / "calib.npz", rows=x_tr[:300])
     np.savez(tmp_path / "eval.npz", rows=x_te, label=y_te)
     return convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
-                   eval_data=str(tmp_path / "eval.npz"))
+                   eval_data=str(tmp_path / "eval.npz"), options=options)
 
 
 def test_layernorm_written_out_runs_fully_int8(tmp_path):
@@ -346,16 +346,18 @@ class RowsLSTM(nn.Module):
 
 
 def test_bidirectional_lstm_runs_fully_int8(tmp_path):
-    """TFLite runs an LSTM's steps with int8 kernels. edgekit writes the LSTM out step by step (torch's own
-    decomposition) before PT2E: FULLY_CONNECTED, LOGISTIC, TANH, MUL, ADD, no float op. The per-step outputs'
-    concatenations and the reverse direction's flip must keep their scales: left unannotated, the converter
-    made them int8 at another tensor's scale and this model's held-out accuracy fell 20 points (96.2% -> 76.2%)."""
+    """With ``--option lstm=int8`` TFLite runs an LSTM's steps with int8 kernels. edgekit writes the LSTM out step
+    by step (torch's own decomposition) before PT2E: FULLY_CONNECTED, LOGISTIC, TANH, MUL, ADD, no float op. The
+    per-step outputs' concatenations and the reverse direction's flip must keep their scales: left unannotated,
+    the converter made them int8 at another tensor's scale and this model's held-out accuracy fell 20 points
+    (96.2% -> 76.2%)."""
     torch.manual_seed(0)
     model = RowsLSTM()
     x_tr, x_te, y_te = _rows_onnx(model, tmp_path / "lstm.onnx")
-    res = _rows_int8(tmp_path / "lstm.onnx", tmp_path, x_tr, x_te, y_te)
+    res = _rows_int8(tmp_path / "lstm.onnx", tmp_path, x_tr, x_te, y_te, options={"lstm": "int8"})
     art = res.manifest["artifact"]
     assert art["full_integer"] is True and art["float_ops"] == [], art
+    assert art["quantization"]["lstm"].startswith("int8 (1 LSTM"), art["quantization"]
     ops = art["op_counts"]
     assert ops.get("LOGISTIC", 0) >= 3 * 8 * 2 and ops.get("TANH", 0) >= 2 * 8 * 2, ops  # 3 gates + 2 tanh, per step
     assert ops.get("REVERSE_V2", 0) >= 1, ops
@@ -363,45 +365,33 @@ def test_bidirectional_lstm_runs_fully_int8(tmp_path):
     assert v.float_accuracy > 0.9, v.float_accuracy
     assert 100 * (v.float_accuracy - v.converted_accuracy) <= 2.0, (v.float_accuracy, v.converted_accuracy)
     assert v.passed, v.failures
-    # --option lstm=float: the LSTM stays float between DEQUANTIZE and QUANTIZE (as jetson's and ios' INT8 builds
-    # run it), said in the manifest; the embedding and head stay int8
-    res = convert(str(tmp_path / "lstm.onnx"), "android", tmp_path / "lstm-float", precision="int8",
-                  calib=str(tmp_path / "calib.npz"), eval_data=str(tmp_path / "eval.npz"), options={"lstm": "float"})
-    art = res.manifest["artifact"]
-    float_ops = {o["op"] for o in art["float_ops"]}
-    assert art["full_integer"] is False and {"DEQUANTIZE", "LOGISTIC", "TANH"} <= float_ops, float_ops
-    assert art["quantization"]["lstm"].startswith("float"), art["quantization"]
-    assert res.verification.passed, res.verification.failures
 
 
-def test_a_failing_int8_lstm_is_kept_float_before_any_layer_is_searched(tmp_path):
-    """Where the full-integer build (LSTMs written out in int8) fails verification, mixed precision first builds
-    it again with every LSTM float, as jetson and ios run LSTMs, and searches single layers only if that fails
-    too. On this model the int8 LSTMs move a logit by 6.0% of the range, the float ones by 0.75%: with the bar
-    at 3% the first build fails and the second passes. (ddddocr-ocr, the zoo's CTC OCR model: the all-int8 build
-    reads 89.1% of 64 golden lines as float does, needing 90%.) A user's ``--option lstm`` is theirs: no group."""
-    from types import SimpleNamespace
+def test_lstms_stay_float_by_default_and_other_float_ops_are_still_refused(tmp_path):
+    """By default an int8 build keeps every LSTM float between DEQUANTIZE and QUANTIZE (as jetson's and ios' INT8
+    builds run them), said in the manifest; the embedding and head stay int8, and no float group step is needed.
+    An op with no TFLite int8 kernel beside the LSTM (here a Log) is still refused, before any build."""
+    from edgekit.errors import UnsupportedOpError
 
-    from edgekit.converters.tflite.converter import TFLiteConverter
+    class RowsLSTMLog(RowsLSTM):
+        def forward(self, x):
+            return torch.log(super().forward(x).abs() + 1.0)
 
     torch.manual_seed(0)
     x_tr, x_te, y_te = _rows_onnx(RowsLSTM(), tmp_path / "lstm.onnx")
-    np.savez(tmp_path / "calib.npz", rows=x_tr[:300])
-    np.savez(tmp_path / "eval.npz", rows=x_te, label=y_te)
-    res = convert(str(tmp_path / "lstm.onnx"), "android", tmp_path / "int8", precision="int8",
-                  calib=str(tmp_path / "calib.npz"), eval_data=str(tmp_path / "eval.npz"),
-                  tolerance={"max_rel_error": 0.03, "max_error_decides": True}, cache=False)
-    assert res.verification.passed, res.verification.failures
+    res = _rows_int8(tmp_path / "lstm.onnx", tmp_path, x_tr, x_te, y_te)
     art = res.manifest["artifact"]
-    mp = art["mixed_precision"]
-    assert mp["group"]["passed"] and mp["group"]["options"] == {"lstm": "float"}, mp
-    assert "max error" in mp["int8_verification_failures"][0], mp  # the full-integer build's own failure
-    assert "scanned" not in mp and mp["kept"] == [], mp  # no layer searched: the group was enough
-    assert art["quantization"]["lstm"].startswith("float") and art["full_integer"] is False, art["quantization"]
-    assert "Built again with every LSTM float" in (res.out_dir / "report.md").read_text()
-    int8_lstm = SimpleNamespace(meta={"quantization": {"lstm": "int8 (2 LSTM(s) written out per time step)"}})
-    assert TFLiteConverter.float_group(SimpleNamespace(options={}), int8_lstm) is not None
-    assert TFLiteConverter.float_group(SimpleNamespace(options={"lstm": "int8"}), int8_lstm) is None
+    float_ops = {o["op"] for o in art["float_ops"]}
+    assert art["full_integer"] is False and {"DEQUANTIZE", "LOGISTIC", "TANH"} <= float_ops, float_ops
+    assert art["quantization"]["lstm"].startswith("float (1 LSTM"), art["quantization"]
+    assert "mixed_precision" not in art, art.get("mixed_precision")
+    assert any("float LSTMs (--option lstm=int8" in n for n in res.notes), res.notes
+    assert res.verification.passed, res.verification.failures
+    _rows_onnx(RowsLSTMLog(), tmp_path / "log.onnx")
+    with pytest.raises(UnsupportedOpError, match=r"cannot run .* at int8: .*Log"):
+        convert(str(tmp_path / "log.onnx"), "android", tmp_path / "log", precision="int8",
+                calib=str(tmp_path / "calib.npz"))
+    assert not (tmp_path / "log").exists()
 
 
 class ScoresHead(nn.Module):

@@ -490,3 +490,58 @@ def test_a_search_given_its_scores_builds_nothing_and_says_why_it_stopped():
     out = keep_fewest(Search([Layer(n, "Conv", 30.0 + i) for i, n in enumerate(names)], outputs, ref, "float"),
                       lambda got: float(np.max(np.abs(got[0] - ref[0]))) < 0.1, log=logged.append)
     assert out.spread and out.stopped == SPREAD and logged[-1].endswith(f"stopped: {SPREAD}")
+
+
+def test_tied_observers_the_search_samples_cannot_break_are_both_verified(tmp_path):
+    """Where the search samples pass all-INT8, no layer gains, and the two activation observers measured within
+    TIE_DB of each other, the build with the other observer is made and verified; it replaces the first where it
+    passes. Without a tie, or where it fails too, the first build's file stays in place."""
+    from types import SimpleNamespace
+
+    from edgekit.mixed.fallback import fallback
+    from edgekit.mixed.search import Layer, Search
+
+    ref, outputs = _noise_model(2, {"a": 0.0, "rest": 0.001})  # all-INT8 passes the search samples; "a" gains 0
+    primary = tmp_path / "model.tflite"
+    built: list[str | None] = []
+
+    class StandIn:
+        def mixed_search(self, job, artifact):
+            return Search([Layer("a", "Conv", 30.0)], outputs, ref, "float",
+                          calibration_for=lambda kept: "histogram")
+
+        def keep_layers(self, job, artifact, kept, calibration=None):
+            built.append(calibration)
+            primary.write_bytes(f"rebuilt {calibration}".encode())
+            return SimpleNamespace(meta={"quantization": {}, "observer": calibration}, notes=[], files=[],
+                                   primary=primary.name)
+
+    def run(measured: dict[str, float], golden_passes: str):
+        primary.write_bytes(b"first build")
+        art = SimpleNamespace(meta={"quantization": {"calibration_method": "histogram",
+                                                     "calibration_measured_snr_db": measured}},
+                              notes=[], files=[], primary=primary.name)
+        job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
+                              out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter())
+        tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0})
+
+        def reverify(a):
+            ok = a.meta.get("observer") == golden_passes
+            return SimpleNamespace(verification=SimpleNamespace(passed=ok, failures=[] if ok else ["golden"],
+                                                                notes=[]))
+
+        checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["golden"], notes=[]))
+        return fallback(job, StandIn(), art, checked, {"y": "regression"}, tol, reverify, log=lambda m: None,
+                        warn=lambda m: None, offers=frozenset({"layers"}))
+
+    art, chk = run({"histogram": 28.6, "minmax": 28.6}, golden_passes="minmax")
+    assert chk.verification.passed and built == ["minmax"], built
+    assert art.meta["mixed_precision"]["observer_tie"] == "minmax" and "tied with histogram" in \
+        art.meta["quantization"]["calibration_chosen"]
+    assert primary.read_bytes() == b"rebuilt minmax"
+    built.clear()
+    art, chk = run({"histogram": 28.6, "minmax": 26.0}, golden_passes="minmax")  # no tie: nothing rebuilt
+    assert not chk.verification.passed and built == [] and primary.read_bytes() == b"first build"
+    art, chk = run({"histogram": 28.6, "minmax": 28.4}, golden_passes="none")  # a tie that fails too
+    assert not chk.verification.passed and built == ["minmax"] and primary.read_bytes() == b"first build"
+    assert "observer_tie" not in art.meta["mixed_precision"]

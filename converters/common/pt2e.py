@@ -47,7 +47,7 @@ def exported_module(job: ConvertJob, module, sample, unroll_lstm: bool = False, 
     (torch's own decomposition: one linear for the input projection, then per step a linear of h, the
     gates' sigmoid / tanh, mul and add), which the int8 annotators cover: TFLite then runs the LSTM as
     int8 FULLY_CONNECTED / LOGISTIC / TANH / MUL / ADD (android int8; PT2E has no LSTM annotation).
-    ``found``: gets ``lstms``, the number of LSTMs written out."""
+    ``found``: gets ``lstms``, the number of LSTMs in the program (written out or not)."""
     torch = require("torch")
     ep = job.model.exported
     if ep is None:
@@ -55,13 +55,13 @@ def exported_module(job: ConvertJob, module, sample, unroll_lstm: bool = False, 
             ep = torch.export.export(module, sample)
         except Exception as exc:
             raise ConversionError(explain_export_failure(exc, job.model.source)) from None
-    elif not unroll_lstm:
-        return module
     lstm = torch.ops.aten.lstm.input
-    lstms = sum(1 for n in ep.graph.nodes if n.target == lstm) if unroll_lstm else 0
+    lstms = sum(1 for n in ep.graph.nodes if n.target == lstm)
     if found is not None:
         found["lstms"] = lstms
-    if lstms:
+    if job.model.exported is not None and not unroll_lstm:
+        return module
+    if lstms and unroll_lstm:
         from torch._decomp import get_decompositions
 
         with quiet_python():

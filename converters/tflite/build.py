@@ -184,8 +184,8 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
             info["detection_head_float"] = list(head)
             job.log("the detection head's final concat stays float: its boxes and class scores keep int8 scales "
                     "of their own (one int8 scale for both puts scores in [0, 1] on the boxes' pixel steps)")
-        if lstm_float(job):
-            info["lstm"] = "float (any LSTM runs in float between DEQUANTIZE and QUANTIZE)"
+        if found.get("lstms") and lstm_float(job):
+            info["lstm"] = f"float ({found['lstms']} LSTM(s) in float between DEQUANTIZE and QUANTIZE)"
         elif found.get("lstms"):
             info["lstm"] = f"int8 ({found['lstms']} LSTM(s) written out per time step)"
         job.log(f"PT2E calibrated on {n_batches} batches; {q.binary_nodes} add/mul node(s) quantized "

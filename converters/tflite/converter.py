@@ -14,7 +14,7 @@ from edgekit.converters.tflite.a16 import a16_build
 from edgekit.converters.tflite.audit import audit, float_counts, float_io, format_float_ops
 from edgekit.converters.tflite.build import convert_torch, float_reference, float_tflite
 from edgekit.converters.tflite.interpreter import against_float, builtin_refusal, latency
-from edgekit.converters.tflite.options import EXTRA, lstm_float, wide_activations
+from edgekit.converters.tflite.options import EXTRA, wide_activations
 from edgekit.deps import require, tensorflow_dist, toolchain_versions
 from edgekit.errors import ConversionError
 from edgekit.keras2 import read_by_tf_keras
@@ -24,6 +24,10 @@ from edgekit.tf_graph import tf_convert
 
 
 PRIMARY = "model.tflite"
+# the ops litert-torch writes a float LSTM out in (per step, between DEQUANTIZE and QUANTIZE)
+LSTM_FLOAT_OPS = frozenset({"FULLY_CONNECTED", "BATCH_MATMUL", "LOGISTIC", "TANH", "MUL", "ADD", "SUB", "SLICE",
+                            "STRIDED_SLICE", "SPLIT", "SPLIT_V", "CONCATENATION", "RESHAPE", "SQUEEZE", "EXPAND_DIMS",
+                            "PACK", "UNPACK", "REVERSE_V2", "TRANSPOSE", "GATHER", "DEQUANTIZE", "QUANTIZE"})
 
 
 class TFLiteConverter:
@@ -129,6 +133,10 @@ class TFLiteConverter:
             notes.append(f"TFLite's builtin kernels refuse this model: {refused}")
         if job.precision == "int8":
             meta["full_integer"] = not rep["float_ops"]
+            # float LSTMs (the default) account for float ops of the ops they are written out in; another float op
+            # (a Sqrt, a Log with no int8 kernel) is refused as in a model without LSTMs
+            lstm_kept = (str(meta["quantization"].get("lstm", "")).startswith("float")
+                         and all(o["op"] in LSTM_FLOAT_OPS for o in rep["float_ops"]))
             if rep["float_ops"]:
                 listed = format_float_ops(rep["float_ops"])
                 if wide_activations(job):  # ai-edge-quantizer has no int16 version of some ops (HARD_SWISH)
@@ -136,11 +144,12 @@ class TFLiteConverter:
                     notes.append("ops float in the 16x8 build (DEQUANTIZE and QUANTIZE around them; "
                                  + (f"{len(kept)} kept by keep_float_tensors, the others " if kept else "")
                                  + f"ai-edge-quantizer maps no int16 kernel to them): {float_counts(rep['float_ops'])}")
-                elif (job.options.get("keep_float_nodes") or lstm_float(job)
+                elif (job.options.get("keep_float_nodes") or lstm_kept
                       or meta["quantization"].get("detection_head_float")):
                     why = " and ".join(w for w, on in (("keep_float_nodes (mixed precision)",
                                                          job.options.get("keep_float_nodes")),
-                                                        ("--option lstm=float", lstm_float(job)),
+                                                        ("float LSTMs (--option lstm=int8 writes them in int8)",
+                                                         lstm_kept),
                                                         ("the detection head's concat (boxes and scores on scales "
                                                          "of their own)",
                                                          meta["quantization"].get("detection_head_float"))) if on)
@@ -218,10 +227,6 @@ class TFLiteConverter:
 
     def a16_search(self, job: ConvertJob, artifact: Artifact) -> Search:
         return search.a16_search(job, artifact)
-
-    @staticmethod
-    def float_group(job: ConvertJob, artifact: Artifact) -> tuple[dict[str, str], str] | None:
-        return search.float_group(job, artifact)
 
     keep_layers = keep_layers  # the int8 build again with the kept fx nodes float (edgekit.mixed.search)
 

@@ -1,6 +1,5 @@
 """android's mixed-precision hooks (:mod:`edgekit.mixed.search`): the fx nodes an int8 build may keep float,
-ranked by local INT8 SQNR in the fake-quant program; the int8 build with every LSTM float, then every activation
-int16 (the 16x8 build); and the 16x8 layer search, whose ops are ranked by the noise each adds and by what its
+ranked by local INT8 SQNR in the fake-quant program; the build with every activation int16 (the 16x8 build); and the 16x8 layer search, whose ops are ranked by the noise each adds and by what its
 int8 weights cost the output. The converter's methods delegate here."""
 
 from __future__ import annotations
@@ -145,16 +144,6 @@ def a16_search(job: ConvertJob, artifact: Artifact) -> Search:
 
     return Search(layers, outputs, ref, "float in the 16x8 model (between DEQUANTIZE and QUANTIZE; LiteRT runs "
                   "it in fp32)")
-
-
-def float_group(job: ConvertJob, artifact: Artifact) -> tuple[dict[str, str], str] | None:
-    """Mixed precision's first step where a full-integer build with LSTMs written out in int8 fails
-    verification: the same build with every LSTM float (``--option lstm=float``, as the jetson and ios INT8
-    builds run LSTMs), before any single layer is searched; None where the user chose ``--option lstm``."""
-    lstm = str((artifact.meta.get("quantization") or {}).get("lstm", ""))
-    if "lstm" in job.options or not lstm.startswith("int8"):
-        return None
-    return {"lstm": "float"}, "every LSTM float (between DEQUANTIZE and QUANTIZE, as jetson and ios run them)"
 
 
 def _local_sqnr(converted, feeds: list[dict[str, np.ndarray]], m) -> list[Layer]:

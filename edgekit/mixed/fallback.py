@@ -206,6 +206,44 @@ def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checke
     return artifact, checked
 
 
+# activation observers whose all-INT8 builds measured within TIE_DB of each other on the calibration samples: a
+# tie those samples cannot break; where they pass and the golden ones fail with no layer to keep, the other
+# observer's build is made and verified (one rebuild)
+TIE_DB = 0.5
+
+
+def _tied_observer(job: Any, conv: Any, artifact: Any, reverify: Callable[[Any], Any],
+                   log: Callable[[str], None]) -> tuple[str, Any, Any] | None:
+    """The build again with the observer that tied with the chosen one, where it passes verification: (observer,
+    artifact, checked); None, and the first build's file back in place, where there is no tie or it fails too."""
+    q = artifact.meta.get("quantization") or {}
+    measured, chosen = q.get("calibration_measured_snr_db") or {}, q.get("calibration_method")
+    if job.options.get("calibration") not in (None, "auto") or measured.get(chosen) is None:
+        return None
+    other = next((k for k, v in measured.items() if k != chosen and v is not None
+                  and abs(float(v) - float(measured[chosen])) <= TIE_DB), None)
+    if other is None:
+        return None
+    log(f"observers {chosen} and {other} tied on the calibration samples ({measured[chosen]:.1f} / "
+        f"{measured[other]:.1f} dB): building with {other} and verifying it")
+    primary = job.out_dir / artifact.primary
+    kept_bytes = primary.read_bytes()
+    try:
+        again = conv.keep_layers(job, artifact, [], calibration=other)
+        chk = reverify(again)
+    except (ConversionError, UnsupportedOpError):
+        primary.write_bytes(kept_bytes)
+        return None
+    if not chk.verification.passed:
+        primary.write_bytes(kept_bytes)
+        log(f"with {other}: verification fails too ({_first(chk.verification.failures)})")
+        return None
+    again.meta["quantization"]["calibration_chosen"] = (
+        f"tied with {chosen} on the calibration samples (within {TIE_DB} dB); the {chosen} build failed verification "
+        f"and this one passes")
+    return other, again, chk
+
+
 MIN_SEARCH_S = 10.0  # less left of the INT8 build's budget than this: no search (it would measure a layer or two)
 
 
@@ -293,6 +331,17 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
                    f"layers fail on the golden ones, and none of the {len(outcome.scanned)} layers measured there "
                    f"gains {MIN_GAIN_DB} dB of output SNR kept alone; no layer kept (calibrate on inputs like those "
                    "that fail)")
+        if not outcome.shown and search.calibration_for is not None:
+            tied = _tied_observer(job, conv, artifact, reverify, log)
+            if tied is not None:
+                other, again, chk = tied
+                again.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
+                                                 "search_samples": samples, "observer_tie": other,
+                                                 "passed_after": True}
+                again.notes.insert(0, f"mixed precision: no layer kept; the activation observers measured within "
+                                      f"{TIE_DB} dB of each other on the calibration samples, and the build with "
+                                      f"{other} passes re-verification")
+                return again, chk
         warn(msg)
         checked.verification.notes.append(msg)
         artifact.meta["mixed_precision"] = {**outcome.to_json(), "int8_verification_failures": before,
