@@ -8,7 +8,6 @@ the converter object. A converter that declares a capability implements every me
 
     layers         LayerSearch    the INT8 build searched for the layers that fail it, rebuilt with the fewest kept
     unsearchable   Unsearchable   some of its INT8 builds have no per-layer control: which, and why
-    group          FloatGroup     a group of layers kept at higher precision first, before any layer is searched
     activations16  Activations16  the build again with 16-bit activations everywhere, and its own layer search
 
 Beside mixed precision, ``ConverterInfo.speed`` declares :class:`HostSpeed`: the converter times a build against
@@ -24,8 +23,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from edgekit.mixed.search import Search
     from edgekit.speed import Speed
 
-LAYERS, UNSEARCHABLE, GROUP, ACTIVATIONS16 = "layers", "unsearchable", "group", "activations16"
-Capability = Literal["layers", "unsearchable", "group", "activations16"]
+LAYERS, UNSEARCHABLE, ACTIVATIONS16 = "layers", "unsearchable", "activations16"
+Capability = Literal["layers", "unsearchable", "activations16"]
 
 
 class LayerSearch(Protocol):
@@ -42,13 +41,6 @@ class Unsearchable(Protocol):
     """Why this job's build path keeps no chosen layer at higher precision (None: the layer search runs)."""
 
     def mixed_unavailable(self, job: ConvertJob) -> str | None: ...
-
-
-class FloatGroup(Protocol):
-    """The options that keep a group of layers at higher precision and what they keep, in words; None where the
-    group does not apply (or the user chose its option)."""
-
-    def float_group(self, job: ConvertJob, artifact: Artifact) -> tuple[dict[str, Any], str] | None: ...
 
 
 class Activations16(Protocol):
@@ -71,8 +63,7 @@ class HostSpeed(Protocol):
     def host_speed(self, job: ConvertJob, artifact: Artifact) -> Speed | None: ...
 
 
-PROTOCOLS: dict[str, type] = {LAYERS: LayerSearch, UNSEARCHABLE: Unsearchable, GROUP: FloatGroup,
-                              ACTIVATIONS16: Activations16}
+PROTOCOLS: dict[str, type] = {LAYERS: LayerSearch, UNSEARCHABLE: Unsearchable, ACTIVATIONS16: Activations16}
 
 
 def methods(capability: str) -> tuple[str, ...]:
@@ -85,8 +76,6 @@ def methods(capability: str) -> tuple[str, ...]:
 def offered(conv: Any, declared: frozenset[str], capability: Literal["layers"]) -> LayerSearch | None: ...
 @overload
 def offered(conv: Any, declared: frozenset[str], capability: Literal["unsearchable"]) -> Unsearchable | None: ...
-@overload
-def offered(conv: Any, declared: frozenset[str], capability: Literal["group"]) -> FloatGroup | None: ...
 @overload
 def offered(conv: Any, declared: frozenset[str], capability: Literal["activations16"]) -> Activations16 | None: ...
 def offered(conv: Any, declared: frozenset[str], capability: Capability) -> Any:

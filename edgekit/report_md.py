@@ -154,7 +154,8 @@ def _mixed_layers(art: dict[str, Any]) -> list[str]:
     if mp.get("searched") is False:
         return lines + ["", "## Mixed precision", "", f"Plain INT8 failed verification; not searched: {mp['reason']}."]
     failed = f"Plain INT8 failed verification ({'; '.join(mp['int8_verification_failures'])}). "
-    group = mp.get("group")  # the converter's first step: a group of layers (android's int8 LSTMs) kept float
+    group = mp.get("group")  # a group kept float before the layer search: manifests of earlier 0.1 builds (android's
+    # int8 LSTMs) record it; no converter makes that step now
     lines += ["", "## Mixed precision", ""]
     if group:
         lines.append(failed + f"Built again with {group['kept']} ({group['seconds']:.1f} s): re-verification "

@@ -157,46 +157,6 @@ def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
     assert any("c kept float does not convert" in w for w in warned)
 
 
-def test_a_group_that_does_not_pass_is_kept_while_its_layers_are_searched(tmp_path):
-    """A converter's first group (android: every LSTM float) is built and re-verified before any layer is
-    searched; where it still fails, the layer search runs on that build and its rebuilds keep the group (the job's
-    options), and the record says both steps. The passing case runs on a real LSTM in test_android_int8_ops.py."""
-    from types import SimpleNamespace
-
-    from edgekit.mixed.search import Layer, Search
-
-    ref, outputs = _noise_model(2, {"b": 0.5}, scale=3)  # the search samples pass once 'b' is kept
-    seen = []
-
-    class StandInConverter:
-        def float_group(self, job, artifact):
-            return None if "lstm" in job.options else ({"lstm": "float"}, "every LSTM float")
-
-        def convert(self, job):
-            seen.append(("convert", dict(job.options)))
-            return SimpleNamespace(meta={"kept": []}, notes=[], files=[])
-
-        def mixed_search(self, job, artifact):
-            return Search([Layer("a", "Gemm", 20.0), Layer("b", "Conv", 30.0)], outputs, ref, "float")
-
-        def keep_layers(self, job, artifact, kept):
-            seen.append(("keep", dict(job.options)))
-            return SimpleNamespace(meta={"kept": list(kept)}, notes=[], files=[])
-
-    art, chk = _fallback_on_stand_in(tmp_path, StandInConverter(), "b", offers=frozenset({"layers", "group"}))
-    assert chk.verification.passed and art.meta["kept"] == ["b"]
-    assert seen[0] == ("convert", {"lstm": "float"}) and all(o.get("lstm") == "float" for _, o in seen), seen
-    rec = art.meta["mixed_precision"]
-    assert rec["group"]["passed"] is False and rec["group"]["failures"] == ["golden fails"], rec["group"]
-    assert rec["int8_verification_failures"] == ["int8 fails"] and [k["name"] for k in rec["kept"]] == ["b"]
-    assert art.notes[0].startswith("mixed precision: every LSTM float first")
-    from edgekit.report_md import _mixed_precision
-
-    report = "\n".join(_mixed_precision({"mixed_precision": rec}))
-    assert "Built again with every LSTM float" in report and "still failed (golden fails)" in report, report
-    assert "| b | Conv |" in report and report.count("## Mixed precision") == 1, report
-
-
 def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp_path):
     """Where the first rebuild (the search's own kept set) fails to convert, that set is tried again without its
     last layer, instead of leaving the plain INT8 build failed untried."""

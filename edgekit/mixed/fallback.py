@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from edgekit.converters.capabilities import (ACTIVATIONS16, GROUP, LAYERS, UNSEARCHABLE, Activations16, LayerSearch,
+from edgekit.converters.capabilities import (ACTIVATIONS16, LAYERS, UNSEARCHABLE, Activations16, LayerSearch,
                                              Unsearchable, offered)
 from edgekit.errors import ConversionError, UnsupportedOpError
 from edgekit.mixed.scores import ScoreStore
@@ -174,36 +174,9 @@ def _fallback(job: Any, conv: Any, offers: frozenset[str], artifact: Any, checke
               tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None], warn: Callable[[str], None],
               extra_steps: int = 4, progress: Callable[[str, str], None] = lambda n, m: None,
               scores: Path | None = None) -> tuple[Any, Any]:
-    """The group first (where offered and it applies), then the layer search on the build that still fails."""
-    layers, unsearchable = offered(conv, offers, LAYERS), offered(conv, offers, UNSEARCHABLE)
-    first = offered(conv, offers, GROUP)
-    group = first.float_group(job, artifact) if first is not None else None
-    if group is None:
-        return _layer_fallback(job, layers, unsearchable, artifact, checked, kinds, tol, reverify, log, warn,
-                               extra_steps, progress=progress, scores=scores)
-    options, what = group
-    before = list(checked.verification.failures)
-    warn(f"INT8 failed verification ({_first(before)}): building it again with {what} first (--strict fails "
-         "instead)")
-    job.options = {**job.options, **options}  # the layer search below and its rebuilds keep the group too
-    t0 = time.perf_counter()
-    artifact = conv.convert(job)
-    checked = reverify(artifact)
-    v = checked.verification
-    step = {"kept": what, "options": options, "seconds": round(time.perf_counter() - t0, 1), "passed": v.passed,
-            "failures": list(v.failures)}
-    if v.passed:
-        artifact.meta["mixed_precision"] = {"group": step, "kept": [], "int8_verification_failures": before,
-                                            "passed_after": True}
-        artifact.notes.insert(0, f"mixed precision: plain INT8 failed verification; built again with {what}: "
-                                 "re-verification passed")
-        return artifact, checked
-    log(f"with {what}: verification still fails ({v.failures[0]}); searching its layers")
-    artifact, checked = _layer_fallback(job, layers, unsearchable, artifact, checked, kinds, tol, reverify, log,
-                                        warn, extra_steps, progress=progress, scores=scores)
-    artifact.meta["mixed_precision"].update(group=step, int8_verification_failures=before)
-    artifact.notes.insert(0, f"mixed precision: {what} first (verification still failed: {v.failures[0]})")
-    return artifact, checked
+    """The layer search, where the converter offers it (and says whether this job's build path has one)."""
+    return _layer_fallback(job, offered(conv, offers, LAYERS), offered(conv, offers, UNSEARCHABLE), artifact,
+                           checked, kinds, tol, reverify, log, warn, extra_steps, progress=progress, scores=scores)
 
 
 # activation observers whose all-INT8 builds measured within TIE_DB of each other on the calibration samples: a
