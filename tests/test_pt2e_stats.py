@@ -147,3 +147,76 @@ def test_a_rebuild_takes_the_first_builds_observer_without_calibrating(monkeypat
     assert said[-1] == f"activation observer: {first[0]}, as this job's first build measured it"
     job.options = {"calibration": "minmax"}  # the user's choice still wins
     assert pt2e.choose_observer(job, module, sample, _quantizer) == ("minmax", {})
+
+
+class _Concat(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(8, 8, 3, padding=1)
+        self.c3 = torch.nn.Conv2d(3, 8, 1)
+        self.fc = torch.nn.Linear(16, 4)
+
+    def forward(self, x):
+        y = torch.relu(self.c1(x))
+        z = torch.relu(self.c2(y)) + y
+        return self.fc(torch.cat([z, self.c3(x)], dim=1).mean(dim=(2, 3)))
+
+
+def test_a_kept_layer_that_moves_a_few_observers_calibrates_only_those(monkeypatch):
+    """A search build keeping a layer float: where that changes what a few observers watch (a ReLU kept float
+    splits the spec it shared with its convolution), the other observers' statistics are copied from the build's
+    calibration and only those few are calibrated, on the same samples; the program is the one its own
+    calibration gives. Where every observer matches, nothing is calibrated."""
+    from edgekit.converters.common import pt2e
+
+    torch.manual_seed(0)
+    module = torch.export.export(_Concat().eval(), (torch.zeros(1, 3, 12, 12),)).module()
+    sample, probe = (torch.zeros(1, 3, 12, 12),), np.random.default_rng(1).standard_normal((1, 3, 12, 12))
+    probe = probe.astype(np.float32)
+    partial: list[int] = []
+    real = pt2e._only_observing
+    monkeypatch.setattr(pt2e, "_only_observing", lambda p, left: partial.append(len(left)) or real(p, left))
+    job = _job(40)
+    pt2e.calibrated(job, module, sample, "histogram", _quantizer, limit=pt2e.SEARCH_CALIB)
+    for keep in ("relu", "conv2d_2", "cat"):
+        partial.clear()
+
+        def q(obs, keep=keep):
+            from edgekit.converters.tflite.quantizer import pt2e_quantizer
+
+            return pt2e_quantizer(False, obs, (keep,))
+
+        got, _, nb = pt2e.calibrated(job, module, sample, "histogram", q, limit=pt2e.SEARCH_CALIB)
+        own, _, _ = pt2e.calibrated(_job(40), module, sample, "histogram", q, limit=pt2e.SEARCH_CALIB)
+        assert nb == 40 and partial == ([1] if keep == "relu" else []), (keep, partial)
+        np.testing.assert_array_equal(_out(got, probe), _out(own, probe))
+
+
+def test_a_histograms_range_is_searched_once_and_never_reused_for_other_statistics():
+    """histogram_ranges_once: the same statistics give the range torchao's own search gives, searched once; other
+    statistics get their own."""
+    from torchao.quantization.pt2e.observer import HistogramObserver
+
+    from edgekit.converters.common import pt2e
+    from edgekit.converters.common.pt2e import histogram_ranges_once
+
+    calls: list[int] = []
+    search = HistogramObserver._non_linear_param_search
+
+    def obs(scale: float):
+        o = HistogramObserver(dtype=torch.qint8, qscheme=torch.per_tensor_affine)
+        o(torch.from_numpy(np.random.default_rng(0).standard_normal(4096).astype(np.float32) * scale))
+        return o
+
+    plain = [obs(s).calculate_qparams() for s in (1.0, 3.0)]
+    pt2e._RANGES.clear()
+    HistogramObserver._non_linear_param_search = lambda self: calls.append(1) or search(self)
+    try:
+        with histogram_ranges_once():
+            once = [obs(s).calculate_qparams() for s in (1.0, 3.0, 1.0, 3.0)]
+    finally:
+        HistogramObserver._non_linear_param_search = search
+    for (s, z), (s1, z1) in zip(plain + plain, once, strict=True):
+        assert float(s) == float(s1) and int(z) == int(z1)
+    assert float(plain[0][0]) != float(plain[1][0]) and len(calls) == 2, calls

@@ -7,7 +7,8 @@ torch and torchao are imported inside the functions."""
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -168,6 +169,14 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
                     copied = hit[1]
                     complete = not full or lim is None or copied >= _n_batches(job)
                     break
+            if not copied and not full and (src := own(observer, limit)) is not None \
+                    and (left := _copy_most(src[0], prepared)) is not None:
+                # a kept layer changed what a few observers watch: the rest copied, those calibrated on the same
+                # samples (every other observer passes values through: the statistics of one calibration)
+                with torch.no_grad(), _only_observing(prepared, left):
+                    for feed in itertools.islice(job.calib.batches(m, limit), src[1]):
+                        prepared(*[torch.from_numpy(np.ascontiguousarray(feed[s.name])) for s in m.inputs])
+                copied, complete = src[1], True
         n_batches = copied
         with torch.no_grad():
             if dynamic:
@@ -192,10 +201,50 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
                 store.setdefault(observer, (copy.deepcopy(prepared), n_batches))
             elif (observer, limit) not in store:
                 store[(observer, limit)] = (copy.deepcopy(prepared), n_batches)
-        converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
+        with histogram_ranges_once():
+            converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
     if not dynamic and n_batches == 0:
         raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.batch} samples in it")
     return converted, q, n_batches
+
+
+_RANGES: dict[bytes, tuple[Any, Any]] = {}  # a histogram's statistics -> the range its L2 search chose
+_RANGES_MAX = 20000
+
+
+@contextmanager
+def histogram_ranges_once() -> Iterator[None]:
+    """torchao's HistogramObserver chooses its range by a search over its histogram when the program is converted
+    (about 12 ms per observer: 5 s of each build of a 400-observer program); the builds of an observer choice and
+    a mixed-precision search convert observers with the same statistics again and again (copied from one
+    calibration, :func:`calibrated`). Within this block each histogram's search runs once: the same statistics
+    (histogram, range, bins) give the range computed before, the values torchao's own search gave."""
+    import hashlib
+
+    from torchao.quantization.pt2e.observer import HistogramObserver
+
+    search = HistogramObserver.__dict__["_non_linear_param_search"]
+
+    def once(self):
+        h = hashlib.sha1()
+        for t in (self.histogram, self.min_val, self.max_val):
+            h.update(t.detach().contiguous().numpy().tobytes())
+        h.update(repr((self.bins, getattr(self, "dst_nbins", None), str(self.histogram.dtype))).encode())
+        key = h.digest()
+        hit = _RANGES.get(key)
+        if hit is None:
+            lo, hi = search(self)
+            hit = (lo.detach().clone(), hi.detach().clone())
+            if len(_RANGES) >= _RANGES_MAX:
+                _RANGES.clear()
+            _RANGES[key] = hit
+        return hit[0].clone(), hit[1].clone()
+
+    HistogramObserver._non_linear_param_search = once
+    try:
+        yield
+    finally:
+        HistogramObserver._non_linear_param_search = search
 
 
 # a full calibration stops where CONVERGE_CHUNK more samples move no activation observer's range (max - min) by
@@ -375,6 +424,17 @@ def fused_fake_quant(module):
     return fast
 
 
+def _watched(node) -> str:
+    """The node whose values an observer's argument carries: an observer placed on another observer's output
+    (a consumer's input spec unlike its producer's output spec) is named by the node at the chain's start and its
+    place in the chain; observer nodes are numbered in graph order, which a kept layer changes."""
+    depth = 0
+    while getattr(node, "op", None) == "call_module" and "activation_post_process" in str(node.target) and node.args:
+        node, depth = node.args[0], depth + 1
+    name = getattr(node, "name", str(node))
+    return name if depth == 0 else f"{name}~{depth}"
+
+
 def _observer_sites(prepared) -> dict[tuple[str, frozenset[str]], Any]:
     """The observers of a prepared program by (class, the nodes whose values each watches): one observer object
     may sit at several places (a spec shared across a concat), under several names."""
@@ -384,7 +444,7 @@ def _observer_sites(prepared) -> dict[tuple[str, frozenset[str]], Any]:
         if n.op == "call_module" and "activation_post_process" in str(n.target) and n.args:
             obs = getattr(prepared, n.target)
             objs[id(obs)] = obs
-            sites.setdefault(id(obs), set()).add(getattr(n.args[0], "name", str(n.args[0])))
+            sites.setdefault(id(obs), set()).add(_watched(n.args[0]))
     return {(type(objs[k]).__name__, frozenset(v)): objs[k] for k, v in sites.items()}
 
 
@@ -398,6 +458,43 @@ def _copy_observers(src, dst) -> bool:
     for key, obs in want.items():
         obs.load_state_dict(have[key].state_dict())
     return True
+
+
+# at most this share of a program's observers without a match: the rest are copied and only these calibrated
+PARTIAL_SHARE = 0.1
+
+
+def _copy_most(src, dst) -> list[Any] | None:
+    """Where most of ``dst``'s observers (all but :data:`PARTIAL_SHARE`) have a match in ``src``: their statistics
+    copied (:func:`_copy_observers`), and the observers left to calibrate returned (a kept layer split a shared
+    spec, or changed what its neighbours watch); None, and nothing copied, where more have none."""
+    have, want = _observer_sites(src), _observer_sites(dst)
+    left = [obs for key, obs in want.items() if key not in have]
+    if not want or len(left) > PARTIAL_SHARE * len(want):
+        return None
+    for key, obs in want.items():
+        if key in have:
+            obs.load_state_dict(have[key].state_dict())
+    return left
+
+
+@contextmanager
+def _only_observing(prepared, observers: list[Any]) -> Iterator[None]:
+    """Within the block, the prepared program's observers other than ``observers`` pass values through untouched
+    (their statistics, copied, stay as they are)."""
+    keep = {id(o) for o in observers}
+    muted = [o for o in _activation_observers(prepared) if id(o) not in keep]
+    for o in muted:
+        o.forward = _identity
+    try:
+        yield
+    finally:
+        for o in muted:
+            o.__dict__.pop("forward", None)
+
+
+def _identity(x):
+    return x
 
 
 def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, first: str, ref, search):
