@@ -158,11 +158,25 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
     keep = tuple(job.options.get("keep_float_nodes") or ()) + head
     chosen, measured = ("histogram", {}) if dynamic else choose_observer(
         job, module, sample, lambda obs: pt2e_quantizer(False, obs, keep, fused_hard(job)))
-    with job.substep("calibration"):
-        converted, q, n_batches = calibrated(job, module, sample, chosen,
-                                             lambda obs: pt2e_quantizer(dynamic, obs, keep, fused_hard(job)), dynamic=dynamic)
-    with job.substep("TFLite lowering"):
-        edge = lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
+    refused = None  # the measured best observer's build that litert-torch could not lower, and why
+    for obs in [chosen] + [o for o in sorted(measured, key=lambda k: -measured[k]) if o != chosen]:
+        with job.substep("calibration"):
+            converted, q, n_batches = calibrated(job, module, sample, obs,
+                                                 lambda o: pt2e_quantizer(dynamic, o, keep, fused_hard(job)), dynamic=dynamic)
+        with job.substep("TFLite lowering"):
+            try:
+                edge = lower(lt, converted, sample, layout, qc.QuantConfig(pt2e_quantizer=q), m)
+            except ConversionError as exc:
+                # litert-torch fails to lower some programs by their ranges alone (MTCNN's R-Net with min-max:
+                # "MLIRError: Unable to parse type"): the next observer measured, where one was
+                if obs == chosen and len(measured) > 1:
+                    refused = (obs, str(exc).split(": ", 1)[-1][:200])
+                    job.log(f"the {obs} observer's build did not lower ({refused[1]}); building with the next one "
+                            "measured")
+                    continue
+                raise
+        chosen = obs
+        break
     info: dict[str, Any] = {
         "tool": "litert-torch PT2E " + ("dynamic" if dynamic else "static"),
         "weights": "int8 symmetric per-channel",
@@ -173,8 +187,10 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
     }
     if not dynamic:
         info.update({"calibration_method": chosen,
-                     "calibration_chosen": ("by measurement (output SNR dB against float)" if measured
-                                            else "by --option"),
+                     "calibration_chosen": ("by --option" if not measured else
+                                            "by measurement (output SNR dB against float)" if refused is None else
+                                            f"by measurement; the {refused[0]} observer's build, measured best, did "
+                                            f"not lower ({refused[1]})"),
                      "calibration_measured_snr_db": measured or None,
                      "calibration_batches": n_batches, "calibration_source": job.calib.source,
                      "add_mul_quantized": q.binary_nodes, "add_mul_annotated_by_edgekit": q.fixed_adds,
