@@ -241,47 +241,6 @@ def test_comparison_and_select_run_int8(tmp_path):
     assert res.verification.passed, res.verification.failures
 
 
-def test_an_observer_whose_build_litert_torch_cannot_lower_gives_way_to_the_next(tmp_path, monkeypatch):
-    """litert-torch fails to lower some programs by their ranges alone (MTCNN's R-Net with min-max ranges:
-    "MLIRError: Unable to parse type"; with the histogram observer's it lowers). The observer measured best is
-    tried first; where its build does not lower, the next one measured is built, and the record says why. The
-    first lowering's failure here is a stand-in (monkeypatched); the second lowering and the build are real."""
-    from edgekit.converters.common import pt2e
-    from edgekit.converters.tflite import build
-
-    torch.manual_seed(0)
-    path = tmp_path / "cascade.onnx"
-    torch.onnx.export(Cascade().eval(), (torch.zeros(1, 16),), str(path), input_names=["x"], output_names=["score"],
-                      opset_version=13, dynamo=False)
-    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(0).normal(size=(300, 16)).astype(np.float32))
-    real_choose, real_lower = build.choose_observer, build.lower
-    lowered: list[int] = []
-
-    def choose(job, module, sample, quantizer_for):
-        chosen, measured = real_choose(job, module, sample, quantizer_for)
-        return "minmax", {**measured, "minmax": max(measured.values()) + 1.0}  # min-max measured best
-
-    def lower(lt, module, sample, layout, quant_config, m):
-        if quant_config is None:  # the float program's lowering, checked before calibration
-            return real_lower(lt, module, sample, layout, quant_config, m)
-        lowered.append(1)
-        if len(lowered) == 1:
-            raise build.ConversionError("cascade.onnx: litert-torch could not convert the model (MLIRError: Unable "
-                                        "to parse type:)")
-        return real_lower(lt, module, sample, layout, quant_config, m)
-
-    monkeypatch.setattr(build, "choose_observer", choose)
-    monkeypatch.setattr(build, "lower", lower)
-    assert pt2e.OBSERVERS == ("histogram", "minmax")
-    res = convert(str(path), "android", tmp_path / "int8", precision="int8", calib=str(tmp_path / "calib.npz"),
-                  output_kinds={"score": "regression"})
-    q = res.manifest["artifact"]["quantization"]
-    assert len(lowered) == 2 and q["calibration_method"] == "histogram", q
-    assert "the minmax observer's build, measured best, did not lower (litert-torch could not convert the model " \
-        "(MLIRError" in q["calibration_chosen"], q
-    assert res.verification.passed, res.verification.failures
-
-
 class UpNet(nn.Module):
     """A DB-style head (PP-OCR's text detector): features, a 2x2 stride-2 transposed conv up-sampling, a
     per-pixel probability map."""
