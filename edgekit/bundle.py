@@ -14,6 +14,7 @@ check raises :class:`BundleError` and leaves nothing behind.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import json
 import os
@@ -138,7 +139,10 @@ def make_bundle(build_dir: str | Path, out: str | Path) -> tuple[Path, Manifest]
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
     try:
-        with open(fd, "wb") as raw, tarfile.open(fileobj=raw, mode="w:gz", format=tarfile.PAX_FORMAT) as tar:
+        # the gzip header's time is 0 too (tarfile's "w:gz" writes the current time there): the same build gives
+        # the same bytes whenever it is packed
+        with open(fd, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+                tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             for rel in [MANIFEST, *sorted(man.files)]:
                 data = (build_dir / rel).read_bytes()
                 info = tarfile.TarInfo(rel)
