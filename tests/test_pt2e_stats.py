@@ -264,3 +264,58 @@ def test_an_observer_whose_build_litert_torch_cannot_lower_gives_way_to_the_next
     assert "the minmax observer's build, measured best, did not lower (litert-torch could not convert the model " \
         "(MLIRError" in q["calibration_chosen"], q
     assert res.verification.passed, res.verification.failures
+
+
+def test_the_layer_search_does_not_measure_an_observer_whose_build_did_not_lower(tmp_path, monkeypatch):
+    """The first build records the observer whose build litert-torch could not lower; the layer search's kept sets
+    are then calibrated with the other observer only (a kept set calibrated with it would not lower either, and
+    the fallback would drop a layer as "does not convert" for a reason that is not the layer's). The first
+    lowering's failure is a stand-in; the calibrations and the search's fake-quant programs are real."""
+    from edgekit.converters import ConvertJob
+    from edgekit.converters.tflite import build, search
+    from edgekit.converters.tflite.converter import CONVERTER
+    from edgekit.data import random_dataset
+    from edgekit.ingest import load_model
+    from edgekit.profiles import default_board, load_target
+
+    torch.manual_seed(0)
+    path = tmp_path / "mlp.pt2"
+    net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 32), torch.nn.ReLU(),
+                              torch.nn.Linear(32, 4)).eval()
+    torch.export.save(torch.export.export(net, (torch.zeros(1, 16),)), str(path))
+    real_choose, real_lower, real_calibrated = build.choose_observer, build.lower, search.calibrated
+    lowered: list[int] = []
+
+    def choose(job, module, sample, quantizer_for):
+        _, measured = real_choose(job, module, sample, quantizer_for)
+        return "minmax", {**measured, "minmax": max(measured.values()) + 1.0}
+
+    def lower(lt, module, sample, layout, quant_config, m):
+        if quant_config is not None:
+            lowered.append(1)
+            if len(lowered) == 1:
+                raise build.ConversionError("mlp.pt2: litert-torch could not convert the model (MLIRError)")
+        return real_lower(lt, module, sample, layout, quant_config, m)
+
+    asked: list[str] = []
+
+    def calibrated(job, module, sample, observer, *a, **k):
+        asked.append(observer)
+        return real_calibrated(job, module, sample, observer, *a, **k)
+
+    monkeypatch.setattr(build, "choose_observer", choose)
+    monkeypatch.setattr(build, "lower", lower)
+    monkeypatch.setattr(search, "calibrated", calibrated)
+    m = load_model(str(path))
+    (tmp_path / "job").mkdir()
+    job = ConvertJob(model=m, target=load_target("android"), board=default_board("android"), precision="int8",
+                     calib=random_dataset(m, n=32), out_dir=tmp_path / "job", work_dir=tmp_path, log=lambda s: None,
+                     warn=lambda s: None)
+    artifact = CONVERTER.convert(job)
+    assert artifact.meta["quantization"]["calibration_not_lowered"] == ["minmax"]
+    s = CONVERTER.mixed_search(job, artifact)
+    names = [lay.name for lay in s.layers][:2]
+    assert len(names) == 2, s.layers
+    asked.clear()
+    s.outputs(names)  # a kept set of two: every observer not refused is measured
+    assert asked == ["histogram"] and s.calibration_for(names) == "histogram", asked

@@ -497,16 +497,18 @@ def _identity(x):
     return x
 
 
-def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, first: str, ref, search):
+def observer_outputs(build: Callable[[list[str], str], Any], job: ConvertJob, first: str, ref, search,
+                     skip: tuple[str, ...] = ()):
     """The mixed search's ``outputs(kept)`` and ``calibration_for(kept)``: ``build(kept, observer)`` is the
     fake-quant program; each kept set is calibrated with every observer and the one closest to float (output SNR)
     is used, unless the user chose the observer (``--option calibration``: then only ``first``, and
     ``calibration_for`` is None). The first build chose its observer all-INT8, where one broken layer can hide the
     difference between the observers; with that layer kept float, they may differ. A single layer kept alone (the
     sensitivity scan: most of the search's builds) is measured with ``first`` only: the scan ranks layers by what
-    keeping each gains, and the all-INT8 set it is compared with was measured with every observer."""
+    keeping each gains, and the all-INT8 set it is compared with was measured with every observer. Observers in
+    ``skip`` (their build did not lower) are not measured."""
     measure = job.options.get("calibration") in (None, "auto")
-    observers = OBSERVERS if measure else (first,)
+    observers = tuple(o for o in OBSERVERS if o not in skip or o == first) if measure else (first,)
     m = job.model
     best: dict[tuple[str, ...], str] = {}
 

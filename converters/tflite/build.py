@@ -192,6 +192,7 @@ def pt2e_build(job: ConvertJob, lt, module, sample, layout: str, dynamic: bool):
                                             f"by measurement; the {refused[0]} observer's build, measured best, did "
                                             f"not lower ({refused[1]})"),
                      "calibration_measured_snr_db": measured or None,
+                     "calibration_not_lowered": [refused[0]] if refused else [],
                      "calibration_batches": n_batches, "calibration_source": job.calib.source,
                      "add_mul_quantized": q.binary_nodes, "add_mul_annotated_by_edgekit": q.fixed_adds,
                      "int8_ops_annotated": q.int8_ops, "int8_ops_rewritten": q.rewritten,

@@ -64,7 +64,10 @@ def mixed_search(job: ConvertJob, artifact: Artifact) -> Search:
         return calibrated(job, module, sample, observer, lambda obs: pt2e_quantizer(False, obs, base + tuple(kept), fused_hard(job)),
                           limit=SEARCH_CALIB)[0]
 
-    outputs, calibration_for = observer_outputs(build, job, method, ref, search)
+    # an observer whose build litert-torch could not lower (the first build's record) is not measured again: a kept
+    # set calibrated with it would fail to lower, and the fallback would read that as the set not converting
+    skip = tuple(artifact.meta["quantization"].get("calibration_not_lowered") or ())
+    outputs, calibration_for = observer_outputs(build, job, method, ref, search, skip=skip)
     return Search(layers, outputs, ref, "float (between DEQUANTIZE and QUANTIZE; LiteRT runs it in fp32)",
                   calibration_for)
 
