@@ -196,10 +196,9 @@ def test_a_kept_layer_that_moves_a_few_observers_calibrates_only_those(monkeypat
 def test_a_histograms_range_is_searched_once_and_never_reused_for_other_statistics():
     """histogram_ranges_once: the same statistics give the range torchao's own search gives, searched once; other
     statistics get their own."""
-    from torchao.quantization.pt2e.observer import HistogramObserver
-
     from edgekit.converters.common import pt2e
     from edgekit.converters.common.pt2e import histogram_ranges_once
+    from torchao.quantization.pt2e.observer import HistogramObserver
 
     calls: list[int] = []
     search = HistogramObserver._non_linear_param_search
@@ -274,6 +273,7 @@ def test_the_layer_search_does_not_measure_an_observer_whose_build_did_not_lower
     from edgekit.converters import ConvertJob
     from edgekit.converters.tflite import build, search
     from edgekit.converters.tflite.converter import CONVERTER
+
     from edgekit.data import random_dataset
     from edgekit.ingest import load_model
     from edgekit.profiles import default_board, load_target
