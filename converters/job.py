@@ -43,6 +43,7 @@ class ConvertJob:
     search_budget_s: float = SEARCH_BUDGET_S  # wall time the INT8 build may take with its search (--search-budget)
     started: float = field(default_factory=time.perf_counter)  # when this job's build began (perf_counter)
     allow_slower_int8: bool = False  # an INT8 build slower than float on the board's kernels may pass (edgekit.speed)
+    durations: dict[str, float] = field(default_factory=dict)  # substep name -> seconds, summed over its runs
 
     @contextmanager
     def substep(self, name: str) -> Iterator[None]:
@@ -50,7 +51,9 @@ class ConvertJob:
         self.step(name, "start")
         t0 = time.perf_counter()
         yield
-        self.step(name, f"{time.perf_counter() - t0:.2f} s")
+        dt = time.perf_counter() - t0
+        self.durations[name] = self.durations.get(name, 0.0) + dt
+        self.step(name, f"{dt:.2f} s")
 
 
 @dataclass

@@ -77,7 +77,8 @@ def test_the_scan_measures_a_first_layer_first_and_stops_once_one_clearly_gains(
 
 
 def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m: None,
-                          offers=frozenset({"layers"}), spent_s: float = 0.0):
+                          offers=frozenset({"layers"}), spent_s: float = 0.0,
+                          durations: dict[str, float] | None = None):
     """edgekit.mixed.fallback on a stand-in converter whose builds are a noise model: the plain INT8 build failed,
     and a rebuild passes the golden samples where layer ``golden_needs`` is kept; ``offers``: what the stand-in
     declares it offers (the registry's ``ConverterInfo.mixed`` for a real one). Returns (artifact, checked)."""
@@ -91,7 +92,8 @@ def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m:
                                                             notes=[]))
 
     job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter() - spent_s)
+                          out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter() - spent_s,
+                          durations=dict(durations or {}))
     tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
     checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
     return fallback(job, converter, SimpleNamespace(meta={}, notes=[], files=[]), checked, {"y": "regression"}, tol,
@@ -99,8 +101,10 @@ def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m:
 
 
 def test_no_search_where_the_first_build_spent_the_int8_budget(tmp_path):
-    """--search-budget is the INT8 build's time with its search: where the first build and its verification took
-    it all, the search is not run (the build stays failed) and the note says why and what to pass."""
+    """--search-budget is the INT8 build's time with its search and the rebuild with the kept layers: where the
+    first build and its verification took it all, or left less than the rebuild's estimate (the first build less
+    its calibration-method choice) and a short search, the search is not run (the build stays failed) and the note
+    says why and what to pass."""
     from types import SimpleNamespace
 
     from edgekit.mixed.search import Layer, Search
@@ -122,8 +126,18 @@ def test_no_search_where_the_first_build_spent_the_int8_budget(tmp_path):
     assert not searched and not chk.verification.passed
     assert art.meta["mixed_precision"]["searched"] is False
     assert "took 95 s of its 90 s budget" in warned[0] and "--search-budget" in warned[0], warned
-    art, chk = _fallback_on_stand_in(tmp_path, StandIn(), "a", spent_s=30.0)  # 60 s left: searched and kept
+    # 50 s of build and verification, of which 10 s were the calibration-method choice: a rebuild would take about
+    # 40 s, so 90 - 50 - 40 = 0 s are left to search: not searched, and the advice counts the rebuild
+    warned.clear()
+    art, chk = _fallback_on_stand_in(tmp_path, StandIn(), "a", warn=warned.append, spent_s=50.0,
+                                     durations={"observer (histogram)": 4.0, "observer (minmax)": 6.0})
+    assert not searched and "a rebuild with kept layers would take about 40 s more" in warned[0], warned
+    assert "--search-budget 150 or more" in warned[0], warned
+    # 30 s, of which 10 s were the choice: 90 - 30 - 20 = 40 s to search; searched and kept
+    art, chk = _fallback_on_stand_in(tmp_path, StandIn(), "a", spent_s=30.0,
+                                     durations={"observer (histogram)": 4.0, "observer (minmax)": 6.0})
     assert searched and chk.verification.passed
+    assert abs(art.meta["mixed_precision"]["rebuild_s_estimated"] - 20.0) < 1.0
 
 
 def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
@@ -381,7 +395,8 @@ def test_a_build_that_keeps_most_layers_and_passes_is_a_mixed_build_not_a_failur
                                                              failures=[] if ok else ["golden fails"]))
 
         job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                              out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter())
+                              out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter(),
+                              durations={})
         tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
         first = SimpleNamespace(verification=Verification("stand-in", "int8", 16, "golden", [],
                                                           failures=["int8 fails"]))
@@ -527,7 +542,8 @@ def test_tied_observers_the_search_samples_cannot_break_are_both_verified(tmp_pa
                                                      "calibration_measured_snr_db": measured}},
                               notes=[], files=[], primary=primary.name)
         job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                              out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter())
+                              out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter(),
+                              durations={})
         tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0})
 
         def reverify(a):

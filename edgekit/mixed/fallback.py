@@ -220,6 +220,24 @@ def _tied_observer(job: Any, conv: Any, artifact: Any, reverify: Callable[[Any],
 MIN_SEARCH_S = 10.0  # less left of the INT8 build's budget than this: no search (it would measure a layer or two)
 
 
+# substeps of the first build that a rebuild with kept layers does not repeat: the calibration-method choice's
+# candidates (android: each observer's calibration; jetson: each method's ranges); the rebuild is made with the
+# observer or method chosen
+CHOICE_SUBSTEPS = ("observer (", "calibration (")
+
+
+def rebuild_estimate(job: Any, spent: float) -> float:
+    """The seconds a rebuild with kept layers and its re-verification take, estimated from the first build and
+    verification (``spent``, since ``job.started``) less the calibration-method choice it does not repeat."""
+    choice = sum(v for k, v in job.durations.items() if k.startswith(CHOICE_SUBSTEPS))
+    return max(0.0, spent - choice)
+
+
+def _advised(spent: float, rebuild_s: float) -> int:
+    """A --search-budget that leaves a search of a minute besides the build and its rebuild, in tens of seconds."""
+    return -(-round(spent + rebuild_s + 60) // 10) * 10
+
+
 def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | None, artifact: Any, checked: Any,
                     kinds: dict[str, str], tol: Any, reverify: Callable[[Any], Any], log: Callable[[str], None],
                     warn: Callable[[str], None], extra_steps: int, label: str = "plain INT8", plot_name: str = PLOT,
@@ -242,10 +260,15 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
                                             "passed_after": False}
         return artifact, checked
     spent = time.perf_counter() - job.started
-    left = job.search_budget_s - spent  # the INT8 build's time budget covers its search: what the build left
+    # the INT8 build's time budget covers its search and the rebuild with the layers it keeps (then re-verified):
+    # what the build left, less that rebuild's estimate
+    rebuild_s = rebuild_estimate(job, spent) if budget_s is None else 0.0
+    left = job.search_budget_s - spent - rebuild_s
     if left < MIN_SEARCH_S:
         msg = (f"mixed precision not searched: the INT8 build took {spent:.0f} s of its {job.search_budget_s:.0f} s "
-               "budget; pass a larger --search-budget to search its layers")
+               + (f"budget and a rebuild with kept layers would take about {rebuild_s:.0f} s more" if rebuild_s else
+                  "budget")
+               + f"; pass --search-budget {_advised(spent, rebuild_s)} or more to search its layers")
         warn(msg)
         checked.verification.notes.append(msg)
         artifact.meta["mixed_precision"] = {"searched": False, "reason": msg.split(": ", 1)[1],
@@ -268,7 +291,8 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
     budget = left if budget_s is None else min(budget_s, left)
     if budget_s is None:
         log(f"the INT8 build took {spent:.0f} s of its {job.search_budget_s:.0f} s budget (--search-budget) before "
-            f"the search: the search and its rebuilds get {left:.0f} s")
+            f"the search; {rebuild_s:.0f} s are kept for the rebuild with the kept layers and its re-verification "
+            f"(the first build's time less its calibration-method choice): the search gets {left:.0f} s")
     if setup_s > 1.0:
         log(f"search setup took {setup_s:.1f} s of the {budget:.0f} s budget (--search-budget)")
         budget = max(budget - setup_s, min(budget / 4, MIN_SEARCH_S))
@@ -326,6 +350,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
     t0 = time.perf_counter()
     more = extra_steps if outcome.passed_search else 0  # more layers only where the search samples passed
     built = None  # the last (artifact, checked) this loop built
+    rebuilt_s = None  # what the first rebuild and its re-verification took
     unbuildable: list[str] = []
     while True:
         try:
@@ -352,9 +377,15 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
             outcome.kept.append(extra.pop(0))
             continue
         built = (rebuilt, reverify(rebuilt))
+        if rebuilt_s is None:
+            rebuilt_s = time.perf_counter() - t0
+            log(f"the rebuild with {len(outcome.kept)} kept layer(s) and its re-verification took {rebuilt_s:.0f} s "
+                f"(estimated {rebuild_s:.0f} s)")
         if built[1].verification.passed or not extra or more == 0:
             break
-        if outcome.seconds + time.perf_counter() - t0 > budget:  # each step is a whole build: the budget holds them
+        over = (outcome.seconds + time.perf_counter() - t0 > budget if budget_s is not None
+                else time.perf_counter() - job.started + rebuilt_s > job.search_budget_s)
+        if over:  # each step is a whole build: the budget holds them
             log(f"re-verification failed with {len(outcome.kept)} kept; no more layers tried: the search's time "
                 f"budget ({budget:.0f} s, --search-budget) is spent")
             outcome.stopped = f"{BUDGET} (re-verification)"
@@ -402,6 +433,8 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
     if store is not None and outcome.reused:
         record["scores_from_cache"] = {"layers": outcome.reused_layers, "scores": outcome.reused,
                                        "saved_s": store.saved_s(outcome, search)}
+    if rebuilt_s is not None and budget_s is None:
+        record.update(rebuild_s=round(rebuilt_s, 1), rebuild_s_estimated=round(rebuild_s, 1))
     record.update(int8_verification_failures=before, search_samples=samples,
                   layers=layers_n, kept_share=round(share, 3), passed_after=v.passed)
     if mostly:
