@@ -121,10 +121,12 @@ def test_android_observer_is_chosen_by_measurement_and_recorded(digits, tmp_path
     measured = q["calibration_measured_snr_db"]
     assert set(measured) == {"histogram", "minmax"} and q["calibration_method"] == max(measured, key=measured.get)
     assert res.verification.passed and res.manifest["artifact"]["full_integer"]
-    # the chosen observer's simulated output SNR (fake-quant torch program) beside the built .tflite's, same samples
+    # the output SNR of the fake-quant torch program lowered beside the built .tflite's, on the same samples: LiteRT's
+    # int8 kernels compute what the program computes, to rounding; the observer choice's own measure is beside them
     svr = q["simulated_vs_real"]
-    assert svr["samples"] >= 8 and svr["simulated_snr_db"] == measured[q["calibration_method"]]
+    assert svr["samples"] >= 8 and svr["observer_choice_snr_db"] == measured[q["calibration_method"]]
     assert svr["real_snr_db"] > 10 and svr["gap_db"] == round(svr["simulated_snr_db"] - svr["real_snr_db"], 2)
+    assert abs(svr["gap_db"]) < 3.0, svr
 
 
 @pytest.mark.slow
