@@ -221,16 +221,16 @@ MIN_SEARCH_S = 10.0  # less left of the INT8 build's budget than this: no search
 
 
 # substeps of the first build that a rebuild with kept layers does not repeat: the calibration-method choice's
-# candidates (android: each observer's calibration; jetson: each method's ranges); the rebuild is made with the
-# observer or method chosen
-CHOICE_SUBSTEPS = ("observer (", "calibration (")
+# candidates (android: each observer's calibration; jetson: each method's ranges; the rebuild is made with the
+# observer or method chosen) and android's fp32 .tflite (lowered once per job, the speed stage's reference)
+ONCE_SUBSTEPS = ("observer (", "calibration (", "fp32 lowering")
 
 
 def rebuild_estimate(job: Any, spent: float) -> float:
     """The seconds a rebuild with kept layers and its re-verification take, estimated from the first build and
-    verification (``spent``, since ``job.started``) less the calibration-method choice it does not repeat."""
-    choice = sum(v for k, v in job.durations.items() if k.startswith(CHOICE_SUBSTEPS))
-    return max(0.0, spent - choice)
+    verification (``spent``, since ``job.started``) less what it does not repeat (:data:`ONCE_SUBSTEPS`)."""
+    once = sum(v for k, v in job.durations.items() if k.startswith(ONCE_SUBSTEPS))
+    return max(0.0, spent - once)
 
 
 def _advised(spent: float, rebuild_s: float) -> int:
@@ -292,7 +292,7 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
     if budget_s is None:
         log(f"the INT8 build took {spent:.0f} s of its {job.search_budget_s:.0f} s budget (--search-budget) before "
             f"the search; {rebuild_s:.0f} s are kept for the rebuild with the kept layers and its re-verification "
-            f"(the first build's time less its calibration-method choice): the search gets {left:.0f} s")
+            f"(the first build's time less what it does not repeat): the search gets {left:.0f} s")
     if setup_s > 1.0:
         log(f"search setup took {setup_s:.1f} s of the {budget:.0f} s budget (--search-budget)")
         budget = max(budget - setup_s, min(budget / 4, MIN_SEARCH_S))
