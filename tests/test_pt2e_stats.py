@@ -319,3 +319,57 @@ def test_the_layer_search_does_not_measure_an_observer_whose_build_did_not_lower
     asked.clear()
     s.outputs(names)  # a kept set of two: every observer not refused is measured
     assert asked == ["histogram"] and s.calibration_for(names) == "histogram", asked
+
+
+class _BnAfterRelu(torch.nn.Module):
+    """A BatchNorm after a ReLU: no convolution before it absorbs it, so the program keeps a BatchNorm node."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.c2 = torch.nn.Conv2d(8, 4, 3, padding=1)
+
+    def forward(self, x):
+        return self.c2(self.bn(torch.relu(self.c1(x))))
+
+
+def test_a_ptq_program_is_converted_without_tracing_torchaos_qat_conv_bn_patterns(monkeypatch):
+    """torchao's convert_pt2e traces its QAT conv-BatchNorm patterns with torch.export wherever a BatchNorm node is
+    left (about 50 s per conversion of openWakeWord's embedding model); a program prepared for PTQ holds none of
+    them. edgekit's conversion skips the tracing and gives the same program (the same outputs, bit for bit)."""
+    import copy
+
+    from edgekit.converters.common.pt2e import ptq_convert
+    from edgekit.converters.coreml.w8a8 import w8a8_quantizer
+    from torchao.quantization.pt2e import qat_utils, quantize_pt2e
+
+    torch.manual_seed(0)
+    net = _BnAfterRelu().eval()
+    with torch.no_grad():  # running statistics of its own, so the BatchNorm is not the identity
+        net.bn.running_mean.uniform_(0.2, 1.0)
+        net.bn.running_var.uniform_(0.5, 2.0)
+    module = torch.export.export(net, (torch.zeros(1, 3, 12, 12),)).module()
+    prepared = quantize_pt2e.prepare_pt2e(module, w8a8_quantizer("histogram"))
+    x = np.random.default_rng(0).standard_normal((16, 3, 12, 12)).astype(np.float32)
+    with torch.no_grad():
+        for i in range(16):
+            prepared(torch.from_numpy(x[i:i + 1]))
+    assert any("batch_norm" in str(n.target) for n in prepared.graph.nodes)
+    traced: list[int] = []
+    real = qat_utils._get_aten_graph_module_for_pattern
+
+    def counted(*a, **k):
+        traced.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(qat_utils, "_get_aten_graph_module_for_pattern", counted)
+    plain = quantize_pt2e.convert_pt2e(copy.deepcopy(prepared))
+    n_plain = len(traced)
+    with ptq_convert():
+        fast = quantize_pt2e.convert_pt2e(copy.deepcopy(prepared))
+    assert n_plain > 0 and len(traced) == n_plain, (n_plain, len(traced))  # none traced under ptq_convert
+    with torch.no_grad():
+        for i in range(4):
+            xi = torch.from_numpy(x[i:i + 1])
+            np.testing.assert_array_equal(fast(xi).numpy(), plain(xi).numpy())

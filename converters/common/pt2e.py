@@ -203,11 +203,35 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
                 store.setdefault(observer, (copy.deepcopy(prepared), n_batches))
             elif (observer, limit) not in store:
                 store[(observer, limit)] = (copy.deepcopy(prepared), n_batches)
-        with histogram_ranges_once():
+        with histogram_ranges_once(), ptq_convert():
             converted = quantize_pt2e.convert_pt2e(prepared, fold_quantize=fold)
     if not dynamic and n_batches == 0:
         raise InputSpecError(f"--calib {job.calib.source}: no batch of {m.batch} samples in it")
     return converted, q, n_batches
+
+
+@contextmanager
+def ptq_convert() -> Iterator[None]:
+    """``convert_pt2e`` of a program ``prepare_pt2e`` prepared (post-training quantization), without torchao's
+    QAT conv-BatchNorm folding: wherever a BatchNorm node is left (one after a ReLU, which no conv before it
+    absorbs), torchao traces its 96 QAT conv-bn patterns with torch.export to match them, about 0.2-0.5 s each:
+    about 50 s per conversion of openWakeWord's embedding model, three conversions per W8A8 build. Those patterns
+    are those of ``prepare_qat_pt2e``'s training graph; a program prepared for PTQ never holds one, so the folding
+    could only ever find nothing. Its own clean-up (dead code, recompile) still runs."""
+    from torchao.quantization.pt2e import quantize_pt2e
+
+    fold = quantize_pt2e._fold_conv_bn_qat
+
+    def nothing_to_fold(m):
+        m.graph.eliminate_dead_code()
+        m.recompile()
+        return m
+
+    quantize_pt2e._fold_conv_bn_qat = nothing_to_fold
+    try:
+        yield
+    finally:
+        quantize_pt2e._fold_conv_bn_qat = fold
 
 
 _RANGES: dict[bytes, tuple[Any, Any]] = {}  # a histogram's statistics -> the range its L2 search chose
