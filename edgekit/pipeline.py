@@ -196,6 +196,7 @@ def convert(
                                          reference)
 
                 checked = check(artifact)
+            job.durations["verify"] = clock.times["verify"]  # what a mixed-precision rebuild's re-verification costs
             with clock.stage("mixed"):
                 artifact, checked = stages.mixed(
                     job, conv, artifact, checked, prep, tol, check, strict, log, _warn,
