@@ -5,6 +5,7 @@ builds are such noise models. The real converters' cases are in test_mixed_preci
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 
 def _noise_model(seed: int, noise: dict[str, float], scale: float = 1.0):
@@ -78,12 +79,10 @@ def test_the_scan_measures_a_first_layer_first_and_stops_once_one_clearly_gains(
 
 def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m: None,
                           offers=frozenset({"layers"}), spent_s: float = 0.0,
-                          durations: dict[str, float] | None = None):
+                          durations: dict[str, float] | None = None, started: float | None = None):
     """edgekit.mixed.fallback on a stand-in converter whose builds are a noise model: the plain INT8 build failed,
     and a rebuild passes the golden samples where layer ``golden_needs`` is kept; ``offers``: what the stand-in
     declares it offers (the registry's ``ConverterInfo.mixed`` for a real one). Returns (artifact, checked)."""
-    from types import SimpleNamespace
-
     from edgekit.mixed.fallback import fallback
 
     def reverify(art):
@@ -92,7 +91,8 @@ def _fallback_on_stand_in(tmp_path, converter, golden_needs: str, warn=lambda m:
                                                             notes=[]))
 
     job = SimpleNamespace(model=SimpleNamespace(outputs=[SimpleNamespace(name="y")], source="stand-in"),
-                          out_dir=tmp_path, options={}, search_budget_s=90.0, started=time.perf_counter() - spent_s,
+                          out_dir=tmp_path, options={}, search_budget_s=90.0,
+                          started=time.perf_counter() - spent_s if started is None else started,
                           durations=dict(durations or {}))
     tol = SimpleNamespace(model_dump=lambda: {"max_rel_error": 0.035, "abs_floor": 0.0, "min_top1_agreement": 0.9})
     checked = SimpleNamespace(verification=SimpleNamespace(passed=False, failures=["int8 fails"], notes=[]))
@@ -105,8 +105,6 @@ def test_no_search_where_the_first_build_spent_the_int8_budget(tmp_path):
     first build and its verification took it all, or left less than the rebuild's estimate (the verification and
     the conversion steps a rebuild repeats) and a short search, the search is not run (the build stays failed) and the note
     says why and what to pass."""
-    from types import SimpleNamespace
-
     from edgekit.mixed.search import Layer, Search
 
     ref, outputs = _noise_model(0, {"a": 0.5})
@@ -145,8 +143,6 @@ def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
     litert-torch's broadcast error when ppocr-cls' SE multiply was kept). The re-verification loop drops that layer,
     says so, and goes on with the next one, instead of ending the build in a conversion error. The converter here
     is a stand-in (its builds are the noise model below); the loop under test is edgekit's."""
-    from types import SimpleNamespace
-
     from edgekit.errors import ConversionError
     from edgekit.mixed.search import Layer, Search
 
@@ -174,8 +170,6 @@ def test_a_kept_layer_the_converter_cannot_lower_is_left_out(tmp_path):
 def test_the_searchs_own_set_is_tried_without_a_layer_that_cannot_be_lowered(tmp_path):
     """Where the first rebuild (the search's own kept set) fails to convert, that set is tried again without its
     last layer, instead of leaving the plain INT8 build failed untried."""
-    from types import SimpleNamespace
-
     from edgekit.errors import ConversionError
     from edgekit.mixed.search import Layer, Search
 
@@ -204,8 +198,6 @@ def test_a_spread_error_is_said_and_nothing_is_kept(monkeypatch):
     scan stops after the worst-ranked few each gain nothing kept alone, and nothing is kept: before, the greedy step
     kept layers that changed nothing until its time budget ran out. Here the 16 ranked worst kept together gain
     2.7 dB, but even half of the layers kept do not pass: two builds more, then the same verdict."""
-    from types import SimpleNamespace
-
     import numpy as np
 
     from edgekit.mixed.search import SPREAD_AFTER, Layer, Search, keep_fewest
@@ -306,8 +298,6 @@ def test_where_only_the_golden_samples_fail_the_layer_that_gains_most_is_kept(tm
     calibration set does not hold). The search cannot see the failure, but it measures which layer's rounding costs
     the output most; that layer is kept first and the golden samples judge it (before: nothing kept). The report
     says how the layers were chosen."""
-    from types import SimpleNamespace
-
     from edgekit.mixed.search import Layer, Search
     from edgekit.report_md import _mixed_precision
 
@@ -373,8 +363,6 @@ def test_a_build_that_keeps_most_layers_and_passes_is_a_mixed_build_not_a_failur
     layers stay at higher precision. Only a build that keeps every layer is refused (nothing is left at INT8), and
     one that keeps most and still fails is told to choose fp16. Stand-in builds (a noise model); the verdicts are
     real ``Verification`` objects."""
-    from types import SimpleNamespace
-
     from edgekit.mixed.fallback import fallback
     from edgekit.mixed.search import Layer, Search
     from edgekit.verify import Verification
@@ -516,8 +504,6 @@ def test_tied_observers_the_search_samples_cannot_break_are_both_verified(tmp_pa
     """Where the search samples pass all-INT8, no layer gains, and the two activation observers measured within
     TIE_DB of each other, the build with the other observer is made and verified; it replaces the first where it
     passes. Without a tie, or where it fails too, the first build's file stays in place."""
-    from types import SimpleNamespace
-
     from edgekit.mixed.fallback import fallback
     from edgekit.mixed.search import Layer, Search
 
@@ -566,3 +552,33 @@ def test_tied_observers_the_search_samples_cannot_break_are_both_verified(tmp_pa
     art, chk = run({"histogram": 28.6, "minmax": 28.4}, golden_passes="none")  # a tie that fails too
     assert not chk.verification.passed and built == ["minmax"] and primary.read_bytes() == b"first build"
     assert "observer_tie" not in art.meta["mixed_precision"]
+
+
+def test_no_search_where_its_setup_leaves_less_than_its_builds_would_take(tmp_path, monkeypatch):
+    """The search's setup runs the float model and the build's fake-quant program on the search samples, as each
+    search build does: where what it leaves of --search-budget is less than the setup took, the search is not
+    run (yolov8-fall android: setup 86 s, one build 46 s, nothing kept), and the note says what to pass. The
+    fallback's clock is a stand-in that the setup moves by 40 s."""
+    import edgekit.mixed.fallback as fb
+    from edgekit.mixed.search import Layer, Search
+
+    clock = [1000.0]
+    monkeypatch.setattr(fb, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    ref, outputs = _noise_model(0, {"a": 0.5})
+    measured: list[str] = []
+
+    class SlowSetup:
+        def mixed_search(self, job, artifact):
+            clock[0] += 40.0  # a large model's search samples, run in float and fake-quant
+            return Search([Layer("a", "Conv", 20.0)], lambda k: measured.append("x") or outputs(k), ref, "float")
+
+        def keep_layers(self, job, artifact, kept):
+            raise AssertionError("no rebuild without a search")
+
+    warned: list[str] = []  # 20 s spent, a rebuild of 10 s: 60 s left; the setup takes 40 and leaves 20 < 40
+    art, chk = _fallback_on_stand_in(tmp_path, SlowSetup(), "a", warn=warned.append, spent_s=0.0,
+                                     durations={"verify": 5.0, "TFLite lowering": 5.0}, started=clock[0] - 20.0)
+    rec = art.meta["mixed_precision"]
+    assert rec["searched"] is False and rec["search_setup_s"] == 40.0 and not measured, rec
+    assert "its setup took 40 s and 20 s of the --search-budget are left" in warned[-1], warned
+    assert "--search-budget 170 or more" in warned[-1] and not chk.verification.passed, warned

@@ -299,6 +299,20 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
             f"(its verification and the conversion steps it repeats, as long as they took): the search gets {left:.0f} s")
     if setup_s > 1.0:
         log(f"search setup took {setup_s:.1f} s of the {budget:.0f} s budget (--search-budget)")
+        if budget_s is None and budget - setup_s < max(MIN_SEARCH_S, setup_s):
+            # the setup ran the float model and the build's fake-quant program on the search samples: each search
+            # build runs such a program again (yolov8-fall android: setup 86 s, one build 46 s); where what is left
+            # would not hold two, the search would end having measured a layer or none, and keep nothing
+            msg = (f"mixed precision not searched: its setup took {setup_s:.0f} s and {max(0.0, budget - setup_s):.0f}"
+                   f" s of the --search-budget are left, less than its builds would take (each runs the model on the "
+                   f"search samples, as the setup did); pass --search-budget "
+                   f"{_advised(spent + setup_s, rebuild_s + setup_s)} or more to search its layers")
+            warn(msg)
+            checked.verification.notes.append(msg)
+            artifact.meta["mixed_precision"] = {"searched": False, "reason": msg.split(": ", 1)[1],
+                                                "search_setup_s": round(setup_s, 1),
+                                                "int8_verification_failures": before, "passed_after": False}
+            return artifact, checked
         budget = max(budget - setup_s, min(budget / 4, MIN_SEARCH_S))
     before_search = set(store.scores) if store else set()
     outcome = keep_fewest(search, passes, log=log, budget_s=budget, step=progress,
