@@ -51,7 +51,7 @@ def convert(
     cache_dir: CacheDirOpt = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="show the toolchains' own output live (always kept in the build's toolchain.log)")] = False,
     strict: Annotated[bool, typer.Option("--strict", help="int8: fail when verification fails, instead of keeping the most sensitive layers at higher precision")] = False,
-    search_budget: Annotated[float | None, typer.Option("--search-budget", min=1, help="int8: seconds the build may take with its mixed-precision search (default 300); the search gets what the first build left")] = None,
+    search_budget: Annotated[float | None, typer.Option("--search-budget", min=1, help="int8: seconds the build may take with its mixed-precision search and rebuild (default 300); the search gets what the first build and verification left, less the rebuild's estimate")] = None,
     allow_slower_int8: Annotated[bool, typer.Option("--allow-slower-int8", help="int8: pass a build that runs slower than the fp32 build on the target's host runtime (default: it fails; INT8 is for speed)")] = False,
     tolerance: Annotated[list[str] | None, typer.Option("--tolerance", help="tighten (or loosen) the target's verification bar: key=value, e.g. min_top1_agreement=0.99 (an int8 build that misses it keeps layers at higher precision)")] = None,
 ) -> None:
