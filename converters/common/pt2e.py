@@ -22,9 +22,8 @@ from edgekit.quiet import quiet_python
 CLEAR_FEEDS = 8  # the observer choice measures these search samples first ...
 CLEAR_DB = 2.0  # ... and stops there where one observer's output SNR leads by this much
 # calibration samples the observer choice measures with; None: every sample, as the build (the full calibration,
-# which stops where the ranges converge). On its first 16 only, the choice measured programs other than the one
-# built: MTCNN's R-Net 11.2 dB there against 24.0 dB calibrated on all, ppocr-cls 42.8 dB against 12.3 dB (a
-# borderline sample flips); the chosen observer's build then takes these statistics, so nothing is calibrated twice
+# which stops where the ranges converge), so the choice measures the program that is built, and the chosen
+# observer's build takes these statistics: nothing is calibrated twice
 CHOICE_CALIB: int | None = None
 SEARCH_CALIB = 64  # calibration samples of each build the observer choice and the mixed-precision search make
 # activation observers ``--option calibration=`` chooses from (``auto``: each is measured on the model)
@@ -214,8 +213,8 @@ def calibrated(job: ConvertJob, module, sample, observer: str, quantizer_for: Ca
 def ptq_convert() -> Iterator[None]:
     """``convert_pt2e`` of a program ``prepare_pt2e`` prepared (post-training quantization), without torchao's
     QAT conv-BatchNorm folding: wherever a BatchNorm node is left (one after a ReLU, which no conv before it
-    absorbs), torchao traces its 96 QAT conv-bn patterns with torch.export to match them, about 0.2-0.5 s each:
-    about 50 s per conversion of openWakeWord's embedding model, three conversions per W8A8 build. Those patterns
+    absorbs), torchao traces its 96 QAT conv-bn patterns with torch.export to match them, a fraction of a second
+    each, on every conversion (three per W8A8 build). Those patterns
     are those of ``prepare_qat_pt2e``'s training graph; a program prepared for PTQ never holds one, so the folding
     could only ever find nothing. Its own clean-up (dead code, recompile) still runs."""
     from torchao.quantization.pt2e import quantize_pt2e

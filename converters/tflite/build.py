@@ -92,8 +92,8 @@ def simulated_vs_real(job: ConvertJob, dest: Path, layout: str, info: dict[str, 
     """The output SNR of the fake-quant torch program litert-torch lowered (the chosen observer, calibrated on
     every sample) against the built .tflite's, on the observer choice's samples and float outputs: how far the
     simulation is from the real build (LiteRT's kernels, its rounding). ``observer_choice_snr_db`` is what the
-    choice measured of that observer, calibrated on its first samples only: a model with borderline samples
-    (a 2-class softmax near 0.5) can differ there by the calibration alone, which is not the kernels' doing."""
+    observer choice measured of that observer (the same program and samples, unless a build that did not lower
+    moved the build to the next observer, or ``--option calibration`` chose it)."""
     known = job.cache.get("observer_ref")
     program = job.cache.get("lowered_program")
     if not known or program is None:

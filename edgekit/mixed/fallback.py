@@ -223,8 +223,7 @@ MIN_SEARCH_S = 10.0  # less left of the INT8 build's budget than this: no search
 # the substeps of the first build a rebuild with kept layers repeats: the toolchain's own conversion of the
 # program (android: calibration from the build's statistics, then litert-torch's lowering; ios: coremltools' MIL
 # conversion). Not repeated: the calibration-method choice, android's fp32 reference, coremltools' import, the
-# simulated graph jetson's choice builds. Measured on the zoo, the first build's time less only the choice
-# overestimated the rebuild 2-3x (ddddocr-det jetson: 63 s against 31 s; ppocr-rec ios: 117 s against 37 s)
+# simulated graph jetson's choice builds
 REPEATED_SUBSTEPS = ("calibration", "TFLite lowering", "MIL conversion", "16x8 quantization")
 
 
@@ -301,8 +300,8 @@ def _layer_fallback(job: Any, conv: LayerSearch, unsearchable: Unsearchable | No
         log(f"search setup took {setup_s:.1f} s of the {budget:.0f} s budget (--search-budget)")
         if budget_s is None and budget - setup_s < max(MIN_SEARCH_S, setup_s):
             # the setup ran the float model and the build's fake-quant program on the search samples: each search
-            # build runs such a program again (yolov8-fall android: setup 86 s, one build 46 s); where what is left
-            # would not hold two, the search would end having measured a layer or none, and keep nothing
+            # build runs such a program again; where what is left would not hold two, the search would end having
+            # measured a layer or none, and keep nothing
             msg = (f"mixed precision not searched: its setup took {setup_s:.0f} s and {max(0.0, budget - setup_s):.0f}"
                    f" s of the --search-budget are left, less than its builds would take (each runs the model on the "
                    f"search samples, as the setup did); pass --search-budget "
