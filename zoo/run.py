@@ -96,7 +96,10 @@ def run_cell(m: ZooModel, target: str, precision: str, data: Path, out: Path, ti
 
 
 def run(models: list[str] | None = None, targets: list[str] | None = None, out: Path = Path("zoo-results"),
-        log=print, precisions: list[str] | None = None) -> dict:
+        log=print, precisions: list[str] | None = None, cache: bool = True) -> dict:
+    """Run the cells of ``models`` x ``targets`` (x ``precisions``), each in its own process, into ``out``.
+    ``cache=False``: every cell builds cold (no build cache, no cached float export), so an INT8 cell is not
+    shortened by the fp32 cell that ran before it."""
     chosen = select(models)
     targets = targets or list(CELLS)
     out.mkdir(parents=True, exist_ok=True)
@@ -119,7 +122,7 @@ def run(models: list[str] | None = None, targets: list[str] | None = None, out: 
             for p in CELLS[t]:
                 if precisions and p not in precisions:
                     continue
-                res = run_cell(m, t, p, data, out / "builds")
+                res = run_cell(m, t, p, data, out / "builds", cache=cache)
                 res.update(model=m.name, target=t, precision=p, source_bytes=size, carry=m.carry or None)
                 if res.get("artifact_bytes"):
                     res["size_ratio"] = round(res["artifact_bytes"] / size, 3)

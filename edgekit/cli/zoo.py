@@ -48,6 +48,9 @@ def run(
     precisions: Annotated[list[str] | None, typer.Option("--precision", "-p", help="only these precisions")] = None,
     out: Annotated[Path, typer.Option("--output", "-o", help="results folder: results.json, zoo.md, builds/")] = Path(
         "zoo-results"),
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="build every cell cold: no build cache and no cached "
+                                           "float export (an INT8 cell then times the whole build, not the part "
+                                           "its fp32 cell left)")] = False,
 ) -> None:
     """Convert every model for every target and precision (each cell in its own process); write the
     conformance table (zoo.md, results.json). A cell passes only when host verification passes."""
@@ -56,7 +59,8 @@ def run(
 
     for t in targets or []:
         load_target(t)  # an unknown target is one line, before anything runs
-    res = zrun.run(models, targets, out, log=lambda s: console.print(s, highlight=False), precisions=precisions)
+    res = zrun.run(models, targets, out, log=lambda s: console.print(s, highlight=False), precisions=precisions,
+                   cache=not no_cache)
     tot = zrun.totals(res["cells"])
     console.print(f"{tot['cells']} cells: pass {tot['pass']}, refused {tot['refused']}, failed {tot['failed']}, "
                   f"tracebacks {tot['tracebacks']}; table: {out / 'zoo.md'}")
