@@ -213,3 +213,30 @@ def test_tensorrt_placement_calibrates_its_ops_tensors_only_and_rounds_every_inp
     write_qdq(small.pre, small.tmp / "all-q.onnx", small.ranges["minmax"], "minmax", [], "tensorrt")
     quantized = {n.input[0] for n in onnx.load(str(small.tmp / "all-q.onnx")).graph.node if n.op_type == "QuantizeLinear"}
     assert reads <= quantized, reads - quantized
+
+
+def test_the_chosen_calibrations_real_build_is_the_artifact_not_written_twice(small, tmp_path, monkeypatch):
+    """calibration=auto builds the methods best by simulation for real (quantize.CONFIRM): the chosen one's build
+    becomes the artifact, so the Q/DQ writer runs once per confirmed method and no more, and model.onnx holds that
+    build's graph."""
+    import onnx
+
+    from edgekit.converters.tensorrt import quantize as q
+
+    graphs: dict[str, bytes] = {}
+    real = q.write_qdq
+
+    def recorded(pre, dest, *a, **kw):
+        real(pre, dest, *a, **kw)
+        graphs[dest.name] = onnx.load(str(dest)).graph.SerializeToString()
+
+    monkeypatch.setattr(q, "write_qdq", recorded)
+    x = np.random.default_rng(0).normal(0, 1, (48, 1, 8, 8)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    res = convert(str(small.tmp / "net.pt2"), target="jetson", precision="int8", calib=str(tmp_path / "calib.npz"),
+                  out=tmp_path / "int8", fail_on_verification=False, cache=False)
+    rec = json.loads((res.out_dir / "manifest.json").read_text())
+    chosen = next(v for k, v in _walk(rec) if k == "calibration_method")
+    assert len(graphs) == q.CONFIRM and set(graphs) <= {f"int8-{m}.onnx" for m in q.CALIBRATIONS}, sorted(graphs)
+    built = onnx.load(str(res.out_dir / "model.onnx")).graph.SerializeToString()
+    assert built == graphs[f"int8-{chosen}.onnx"], chosen

@@ -4,6 +4,7 @@ written; returns the manifest's quantization record."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from edgekit.converters import ConvertJob
@@ -30,8 +31,13 @@ def quantize_int8(job: ConvertJob, src: Path, dest: Path) -> dict:
     chosen, measured = choose_calibration(job, pre, feeds, excluded, where)
     with job.substep("calibration"):
         ranges = calibrated_ranges(job, pre, feeds, chosen)  # computed above where measured (cached)
-    ranges, student = impose_student_ranges(job, pre, feeds, ranges)
-    write_qdq(pre, dest, ranges, chosen, excluded, where)
+    imposed, student = impose_student_ranges(job, pre, feeds, ranges)
+    built = job.work_dir / f"int8-{chosen}.onnx"  # the choice's real build of this method, where it made one
+    if imposed == ranges and built.is_file():
+        shutil.move(built, dest)  # the same quantize_static call as below: not made twice
+    else:
+        built.unlink(missing_ok=True)
+        write_qdq(pre, dest, imposed, chosen, excluded, where)
     if auto_equalize and student and student["applied"]:
         equalized = {"applied": False, "chosen": "default", "reason": "the fine-tuned student's activation "
                      "ranges are imposed: equalizing would give their tensors other values"}
@@ -99,9 +105,11 @@ def choose_calibration(job: ConvertJob, pre: Path, feeds: list, excluded: list[s
         cand = job.work_dir / f"int8-{name}.onnx"
         write_qdq(pre, cand, ranges[name], name, excluded, where)
         measured[name] = round(output_snr_db(ref, run_model(cand, search)), 2)
-        cand.unlink()
     confirmed = sorted(simulated, key=lambda k: -simulated[k])[:CONFIRM]
     chosen = max(confirmed, key=lambda k: measured[k])
+    for name in confirmed:  # the chosen one's build is the artifact (quantize_int8), where no range changes it
+        if name != chosen:
+            (job.work_dir / f"int8-{name}.onnx").unlink()
     job.log("calibration by measurement (output SNR against float on "
             f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples, one simulated INT8 graph): "
             + ", ".join(f"{k} {v:.1f} dB" for k, v in simulated.items()) + "; built for real: "
