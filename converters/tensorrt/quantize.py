@@ -5,6 +5,7 @@ written; returns the manifest's quantization record."""
 from __future__ import annotations
 
 import shutil
+import time
 from pathlib import Path
 
 from edgekit.converters import ConvertJob
@@ -28,16 +29,18 @@ def quantize_int8(job: ConvertJob, src: Path, dest: Path) -> dict:
     where = placement(job)
     auto_equalize = equalize_mode(job) == "auto"  # on / off: decided now
     equalized = None if auto_equalize else equalize_before(job, pre, feeds)
-    chosen, measured = choose_calibration(job, pre, feeds, excluded, where)
+    chosen, measured, built = choose_calibration(job, pre, feeds, excluded, where)
     with job.substep("calibration"):
         ranges = calibrated_ranges(job, pre, feeds, chosen)  # computed above where measured (cached)
     imposed, student = impose_student_ranges(job, pre, feeds, ranges)
-    built = job.work_dir / f"int8-{chosen}.onnx"  # the choice's real build of this method, where it made one
-    if imposed == ranges and built.is_file():
-        shutil.move(built, dest)  # the same quantize_static call as below: not made twice
+    if built is not None and imposed == ranges:  # the choice's real build of this method is this build
+        shutil.move(built[0], dest)
+        job.durations["Q/DQ model"] = built[1]  # what writing it took: a rebuild with kept layers writes one again
     else:
-        built.unlink(missing_ok=True)
-        write_qdq(pre, dest, imposed, chosen, excluded, where)
+        if built is not None:
+            built[0].unlink()
+        with job.substep("Q/DQ model"):
+            write_qdq(pre, dest, imposed, chosen, excluded, where)
     if auto_equalize and student and student["applied"]:
         equalized = {"applied": False, "chosen": "default", "reason": "the fine-tuned student's activation "
                      "ranges are imposed: equalizing would give their tensors other values"}
@@ -77,14 +80,16 @@ CONFIRM = 2  # calibration=auto: the methods best by simulation that are built a
 
 
 def choose_calibration(job: ConvertJob, pre: Path, feeds: list, excluded: list[str],
-                       where: str) -> tuple[str, dict[str, float]]:
+                       where: str) -> tuple[str, dict[str, float], tuple[Path, float] | None]:
     """The calibration method to build with and, for ``calibration=auto``, each method's output SNR against float
     (dB) on the search samples: every method's ranges are fed as scales to the one simulated INT8 graph
     (simulate.py), which computes what that method's Q/DQ model computes op by op; the CONFIRM best are built
-    for real and the best real build wins (its SNR, and the others' simulated ones, are what is returned)."""
+    for real and the best real build wins (its SNR, and the others' simulated ones, are what is returned). The
+    third item: the chosen method's real build (its path in the work folder, the seconds writing it took), None
+    where the method was given."""
     asked = job.options.get("calibration") or "auto"
     if asked != "auto":
-        return asked, {}
+        return asked, {}, None
     search = search_feeds(job)
     histograms: dict = {}  # one |x| histogram collection for the methods that read it
     ranges = {}
@@ -101,17 +106,19 @@ def choose_calibration(job: ConvertJob, pre: Path, feeds: list, excluded: list[s
     # model with fused integer kernels where the simulated graph computes each pair op by op, and on some models
     # that moves a method's output SNR by dBs (ppocr-cls, min-max: 22.7 dB simulated, 18.6 dB real)
     measured = dict(simulated)
-    for name in sorted(simulated, key=lambda k: -simulated[k])[:CONFIRM]:
-        cand = job.work_dir / f"int8-{name}.onnx"
-        write_qdq(pre, cand, ranges[name], name, excluded, where)
-        measured[name] = round(output_snr_db(ref, run_model(cand, search)), 2)
     confirmed = sorted(simulated, key=lambda k: -simulated[k])[:CONFIRM]
+    builds: dict[str, tuple[Path, float]] = {}
+    for name in confirmed:
+        t0 = time.perf_counter()
+        write_qdq(pre, job.work_dir / f"int8-{name}.onnx", ranges[name], name, excluded, where)
+        builds[name] = (job.work_dir / f"int8-{name}.onnx", time.perf_counter() - t0)
+        measured[name] = round(output_snr_db(ref, run_model(builds[name][0], search)), 2)
     chosen = max(confirmed, key=lambda k: measured[k])
-    for name in confirmed:  # the chosen one's build is the artifact (quantize_int8), where no range changes it
+    for name, (path, _s) in builds.items():
         if name != chosen:
-            (job.work_dir / f"int8-{name}.onnx").unlink()
+            path.unlink()
     job.log("calibration by measurement (output SNR against float on "
             f"{sum(len(next(iter(f.values()))) for f in search)} calibration samples, one simulated INT8 graph): "
             + ", ".join(f"{k} {v:.1f} dB" for k, v in simulated.items()) + "; built for real: "
             + ", ".join(f"{k} {measured[k]:.1f} dB" for k in confirmed) + f" -> {chosen}")
-    return chosen, measured
+    return chosen, measured, builds[chosen]

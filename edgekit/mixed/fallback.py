@@ -222,9 +222,9 @@ MIN_SEARCH_S = 10.0  # less left of the INT8 build's budget than this: no search
 
 # the substeps of the first build a rebuild with kept layers repeats: the toolchain's own conversion of the
 # program (android: calibration from the build's statistics, then litert-torch's lowering; ios: coremltools' MIL
-# conversion). Not repeated: the calibration-method choice, android's fp32 reference, coremltools' import, the
-# simulated graph jetson's choice builds
-REPEATED_SUBSTEPS = ("calibration", "TFLite lowering", "MIL conversion", "16x8 quantization")
+# conversion; jetson: onnxruntime's writing of the Q/DQ model). Not repeated: the calibration-method choice,
+# android's fp32 reference, coremltools' import, the simulated graph jetson's choice builds
+REPEATED_SUBSTEPS = ("calibration", "TFLite lowering", "MIL conversion", "16x8 quantization", "Q/DQ model")
 
 
 def rebuild_estimate(job: Any, spent: float) -> float:
