@@ -373,3 +373,15 @@ def test_a_ptq_program_is_converted_without_tracing_torchaos_qat_conv_bn_pattern
         for i in range(4):
             xi = torch.from_numpy(x[i:i + 1])
             np.testing.assert_array_equal(fast(xi).numpy(), plain(xi).numpy())
+
+
+def test_ptq_convert_works_with_a_torchao_that_has_no_qat_folding_step(monkeypatch):
+    """The step ptq_convert skips is torchao's private ``_fold_conv_bn_qat`` and torchao is not pinned: a release
+    without it leaves nothing to skip, and the conversion goes on rather than failing with AttributeError."""
+    from edgekit.converters.common.pt2e import ptq_convert
+    from torchao.quantization.pt2e import quantize_pt2e
+
+    monkeypatch.delattr(quantize_pt2e, "_fold_conv_bn_qat")
+    with ptq_convert():
+        assert not hasattr(quantize_pt2e, "_fold_conv_bn_qat")
+    assert not hasattr(quantize_pt2e, "_fold_conv_bn_qat")
